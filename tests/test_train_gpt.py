@@ -121,6 +121,17 @@ def test_fp8_head_close_to_bf16():
     assert gx.dtype == x.dtype and gw.dtype == w.dtype
 
 
+def test_fp8_ops_pass_opcheck():
+    """The fake kernels torch.compile traces with must match the real ops' shapes, dtypes and strides."""
+    x = torch.randn(64, 32).bfloat16()
+    w = torch.randn(48, 32) * 0.05
+    scales = (32**0.5 / tg.E4M3_MAX, tg.HEAD_W_SCALE, tg.HEAD_GRAD_SCALE)
+    torch.library.opcheck(tg.fp8_mm, (x, w, *scales), test_utils="test_faketensor")
+    _, x_f8, w_f8 = tg.fp8_mm(x, w, *scales)
+    g = torch.randn(64, 48).bfloat16() * 0.01
+    torch.library.opcheck(tg.fp8_mm_backward, (g, x_f8, w_f8, *scales), test_utils="test_faketensor")
+
+
 def test_scaled_mm_fallback_equals_torch_scaled_mm():
     """The fp32 fallback computes what the FP8 kernel computes (torch 2.13 has a CPU _scaled_mm to check)."""
     gen = torch.Generator().manual_seed(0)
