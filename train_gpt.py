@@ -358,14 +358,15 @@ class Rotary(nn.Module):
 class Attention(nn.Module):
     SCALE = 0.12  # softmax scale after QK-norm; the speedrun's tuned value (1/sqrt(128) would be 0.088)
 
-    def __init__(self, dim: int, num_heads: int, head_dim: int, max_len: int):
+    def __init__(self, dim: int, num_heads: int, head_dim: int, max_len: int, has_ve: bool):
         super().__init__()
         assert num_heads * head_dim == dim, "q, k, v and out projections share one (4, dim, dim) parameter"
         self.num_heads, self.head_dim = num_heads, head_dim
         qkvo = torch.stack([init_linear(dim, dim) for _ in range(4)])
         qkvo[3].zero_()  # output projection starts at zero: each block starts as the identity
         self.qkvo_w = nn.Parameter(qkvo)
-        self.ve_lambdas = nn.Parameter(torch.tensor([0.5, 0.5]))  # mix of v and the value embedding
+        if has_ve:  # mix of v and the value embedding
+            self.ve_lambdas = nn.Parameter(torch.tensor([0.5, 0.5]))
         self.rotary = Rotary(head_dim, max_len)
 
     def forward(self, x: Tensor, ve, docs: Tensor, window_blocks: Tensor) -> Tensor:
@@ -390,9 +391,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, num_heads: int, head_dim: int, max_len: int, has_attn: bool, long_window: bool):
+    def __init__(self, dim: int, num_heads: int, head_dim: int, max_len: int, has_attn: bool, has_ve: bool,
+                 long_window: bool):
         super().__init__()
-        self.attn = Attention(dim, num_heads, head_dim, max_len) if has_attn else None
+        self.attn = Attention(dim, num_heads, head_dim, max_len, has_ve) if has_attn else None
         self.mlp = MLP(dim)
         self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0]))  # input = l0 * residual + l1 * embedding
         self.long_window = long_window
@@ -426,8 +428,9 @@ class GPT(nn.Module):
         # value embeddings: table i feeds layer i and layer L-n+i (the first and last n layers)
         self.num_ve = min(3, L // 2)
         self.value_embeds = nn.ModuleList(nn.Embedding(cfg.vocab_size, dim) for _ in range(self.num_ve))
+        self.ve_layers = [*range(self.num_ve), *range(L - self.num_ve, L)]
         self.blocks = nn.ModuleList(
-            Block(dim, cfg.num_heads, cfg.head_dim, cfg.seq_len, i not in cfg.no_attn_layers,
+            Block(dim, cfg.num_heads, cfg.head_dim, cfg.seq_len, i not in cfg.no_attn_layers, i in self.ve_layers,
                   i in cfg.long_window_layers) for i in range(L))
         self.skip_weights = nn.Parameter(torch.ones(L // 2))  # U-Net: layer L-1-i reads layer i's output
         self.head_w = nn.Parameter(torch.zeros(cfg.vocab_size, dim))

@@ -286,6 +286,17 @@ def test_reduce_scatter_starts_during_backward():
     assert opt.launched == 0 and all(p.grad is None for p in model.parameters())
 
 
+def test_every_parameter_gets_a_gradient():
+    """The record's 12-layer layout (value embeddings on 6 layers, layer 7 without attention) at tiny width:
+    a parameter that never gets a gradient would stall the optimizer's buckets."""
+    cfg = tg.parse_args([*TINY, "--num_layers", "12", "--long_window_layers", "0,4,7,11", "--no_attn_layers", "7"])
+    model = tg.GPT(cfg)
+    seq = torch.randint(0, 50257, (129,), dtype=torch.int32)
+    model(seq[:-1], seq[1:], torch.tensor(2)).backward()
+    assert [n for n, p in model.named_parameters() if p.grad is None] == []
+    assert model.blocks[7].attn is None and model.ve_layers == [0, 1, 2, 9, 10, 11]
+
+
 def test_refuses_world_size_that_does_not_divide_the_batch(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(SystemExit, match="--nproc_per_node in 1, 2, 4, 8"):
