@@ -491,7 +491,7 @@ SHARD_MAGIC = 20240520   # first int32 of a FineWeb .bin shard (llm.c's format)
 SHARD_VERSION = 1
 HEADER_BYTES = 256 * 4   # 256 int32: magic, version, token count, then zeros; uint16 tokens follow
 DATA_HINT = ("get FineWeb shards with `python data/cached_fineweb10B.py 9`, or make shards from your own text "
-             "with `python data/tokenize.py`")
+             "with `python data/tokenize_text.py`")
 
 
 class ShardFormatError(ValueError):

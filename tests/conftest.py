@@ -18,6 +18,7 @@ def load_script(name: str, relpath: str):
     import importlib.util
     spec = importlib.util.spec_from_file_location(name, REPO / relpath)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # so worker processes can unpickle its functions
     spec.loader.exec_module(module)
     return module
 

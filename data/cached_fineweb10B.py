@@ -1,0 +1,68 @@
+"""Download pre-tokenized FineWeb (GPT-2 BPE, FineWeb-format .bin shards) from the Hugging Face hub.
+
+    python data/cached_fineweb10B.py 9        # val shard + train shards 1..9 (900M tokens: enough for a record)
+    python data/cached_fineweb10B.py 103      # all of FineWeb-10B
+
+Shards land in data/fineweb10B/ (--dir), where train_gpt.py looks by default. Shards already there and valid
+are skipped, so an interrupted download resumes; each downloaded shard's header is checked.
+"""
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from huggingface_hub import hf_hub_download
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from train_gpt import ShardFormatError, read_header  # noqa: E402
+
+REPO_ID = "kjj0/fineweb10B-gpt2"   # 100M-token shards: fineweb_val_000000.bin, fineweb_train_000001.bin, ...
+DEFAULT_DIR = Path(__file__).resolve().parent / "fineweb10B"
+
+
+def shard_names(num_train: int) -> list:
+    return ["fineweb_val_000000.bin"] + [f"fineweb_train_{i:06d}.bin" for i in range(1, num_train + 1)]
+
+
+def is_valid(path: Path) -> bool:
+    try:
+        read_header(str(path))
+        return True
+    except (OSError, ShardFormatError):
+        return False
+
+
+def fetch(name: str, dst: Path) -> bool:
+    """Makes dst/name a valid shard; returns False if it was already there."""
+    path = dst / name
+    if is_valid(path):
+        return False
+    path.unlink(missing_ok=True)
+    hf_hub_download(repo_id=REPO_ID, filename=name, repo_type="dataset", local_dir=dst)
+    read_header(str(path))  # a bad download stops here, naming the file
+    return True
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("num_train", type=int, nargs="?", default=9, help="train shards of 100M tokens (default 9)")
+    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="destination (default: %(default)s)")
+    args = parser.parse_args(argv)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    names = shard_names(args.num_train)
+    t0 = time.time()
+    for i, name in enumerate(names, 1):
+        try:
+            fetched = fetch(name, args.dir)
+        except OSError as e:  # no route to the hub: huggingface_hub and requests errors are OSErrors
+            print(f"error: could not download {name} from the Hugging Face hub ({type(e).__name__}: {e}).\n"
+                  f"Check the network (or HF_ENDPOINT), or make shards from your own text with "
+                  f"`python data/tokenize_text.py`.", file=sys.stderr)
+            return 1
+        print(f"[{i}/{len(names)}] {name}: {'downloaded' if fetched else 'present, valid: skipped'} "
+              f"({time.time() - t0:.0f}s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

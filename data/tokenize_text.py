@@ -1,0 +1,116 @@
+"""Tokenize your own text into FineWeb-format shards that train_gpt.py reads. (Not named tokenize.py: a
+script of that name in data/ shadows the stdlib module and breaks every other script run from data/.)
+
+    python data/tokenize_text.py --out data/mytext books/*.txt web.jsonl
+    torchrun --standalone --nproc_per_node=8 train_gpt.py \\
+        --train_files 'data/mytext/text_train_*.bin' --val_files 'data/mytext/text_val_*.bin'
+
+Each .txt file is one document; each line of a .jsonl file is one document (its "text" field). Every document
+gets GPT-2's <|endoftext|> (50256) in front, as in FineWeb. Shards hold --shard_tokens tokens (the last one
+fewer); the first is the val shard. tiktoken downloads GPT-2's BPE ranks on first use; without network, give
+a local gpt2.tiktoken with --bpe or $TIKTOKEN_GPT2_BPE (this workplace keeps one in ../shared/data/).
+"""
+import argparse
+import json
+import os
+import sys
+from multiprocessing import Pool
+from pathlib import Path
+
+import numpy as np
+import tiktoken
+from tiktoken.load import load_tiktoken_bpe
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from train_gpt import BOS_ID, HEADER_BYTES, SHARD_MAGIC, SHARD_VERSION  # noqa: E402
+
+# GPT-2's pre-tokenizer split (tiktoken's "gpt2" encoding), needed to build the encoding from a local file
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def gpt2_encoding(bpe_path: str | None = None) -> tiktoken.Encoding:
+    path = bpe_path or os.environ.get("TIKTOKEN_GPT2_BPE")
+    if path:
+        return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=load_tiktoken_bpe(path),
+                                 special_tokens={"<|endoftext|>": BOS_ID})
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except OSError as e:  # no network: requests' errors are OSErrors
+        raise SystemExit(f"error: tiktoken could not fetch GPT-2's BPE ranks ({type(e).__name__}). Offline, pass "
+                         f"--bpe PATH/gpt2.tiktoken or set TIKTOKEN_GPT2_BPE.") from None
+
+
+def documents(paths: list):
+    for path in paths:
+        if path.endswith(".jsonl"):
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    if line.strip():
+                        yield json.loads(line)["text"]
+        else:
+            yield Path(path).read_text(encoding="utf-8")
+
+
+_encoding = None
+
+
+def _init_worker(bpe_path):
+    global _encoding
+    _encoding = gpt2_encoding(bpe_path)
+
+
+def encode_document(text: str) -> np.ndarray:
+    return np.array([BOS_ID, *_encoding.encode_ordinary(text)], dtype=np.uint16)
+
+
+def write_shard(path: Path, tokens: np.ndarray):
+    header = np.zeros(HEADER_BYTES // 4, dtype="<i4")
+    header[:3] = SHARD_MAGIC, SHARD_VERSION, len(tokens)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.astype("<u2").tobytes())
+    tmp.replace(path)
+
+
+def tokenize(paths: list, out: Path, name: str, shard_tokens: int, workers: int, bpe_path=None) -> list:
+    """Writes shards; documents that straddle a shard boundary continue in the next shard. Returns the paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    buf, filled, written = np.empty(shard_tokens, dtype=np.uint16), 0, []
+
+    def flush(count):
+        split = "val" if not written else "train"
+        path = out / f"{name}_{split}_{len(written):06d}.bin"
+        write_shard(path, buf[:count])
+        written.append(path)
+        print(f"{path}: {count:,} tokens", flush=True)
+
+    with Pool(workers, initializer=_init_worker, initargs=(bpe_path,)) as pool:
+        for doc in pool.imap(encode_document, documents(paths), chunksize=16):
+            while len(doc):
+                take = min(len(doc), shard_tokens - filled)
+                buf[filled:filled + take] = doc[:take]
+                filled, doc = filled + take, doc[take:]
+                if filled == shard_tokens:
+                    flush(filled)
+                    filled = 0
+    if filled:
+        flush(filled)
+    return written
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("inputs", nargs="+", help=".txt files (one document each) and .jsonl files")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the shards")
+    parser.add_argument("--name", default="text", help="shard name prefix (default: %(default)s)")
+    parser.add_argument("--shard_tokens", type=int, default=10**8, help="tokens per shard (FineWeb: 10^8)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count(), help="processes (default: all cores)")
+    parser.add_argument("--bpe", default=None, help="local gpt2.tiktoken, for machines without network")
+    args = parser.parse_args(argv)
+    gpt2_encoding(args.bpe)  # fail here, once, rather than in every worker
+    tokenize(args.inputs, args.out, args.name, args.shard_tokens, args.workers, args.bpe)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""data/: tokenizing text into shards, verifying shards, downloading FineWeb (with a local fake of the hub)."""
+import json
+
+import numpy as np
+import pytest
+import requests
+import tiktoken
+
+import train_gpt as tg
+from conftest import SHARED_DATA, load_script
+
+tokenize_text = load_script("tokenize_text", "data/tokenize_text.py")
+check = load_script("check", "data/check.py")
+download = load_script("cached_fineweb10B", "data/cached_fineweb10B.py")
+BPE = str(SHARED_DATA / "gpt2.tiktoken")
+
+
+def test_local_bpe_gives_gpt2_ids():
+    enc = tokenize_text.gpt2_encoding(BPE)
+    assert enc.encode_ordinary("Hello world") == [15496, 995]
+    assert enc.encode_ordinary(" the") == [262]
+
+
+def test_text_to_shards_round_trip(tmp_path):
+    docs = ["Hello world", "Second document,\nwith a line break.", "Über café: 3.14 — naïve ☃", "x" * 50]
+    (tmp_path / "a.txt").write_text(docs[0], encoding="utf-8")
+    with open(tmp_path / "b.jsonl", "w", encoding="utf-8") as f:
+        for d in docs[1:]:
+            f.write(json.dumps({"text": d}) + "\n")
+    paths = tokenize_text.tokenize([str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")], tmp_path / "out",
+                                   "t", shard_tokens=16, workers=2, bpe_path=BPE)
+    assert paths[0].name == "t_val_000000.bin" and paths[1].name == "t_train_000001.bin"
+    got = np.concatenate([tg.load_shard(str(p)) for p in paths])
+    enc = tokenize_text.gpt2_encoding(BPE)
+    want = [t for d in docs for t in [tg.BOS_ID, *enc.encode_ordinary(d)]]
+    assert got.tolist() == want
+    assert all(tg.read_header(str(p)) == 16 for p in paths[:-1])  # full shards but the last
+
+
+def test_tokenizer_without_network_or_file_says_what_to_do(monkeypatch):
+    monkeypatch.delenv("TIKTOKEN_GPT2_BPE", raising=False)
+
+    def offline(name):
+        raise requests.exceptions.ConnectionError("no route")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    with pytest.raises(SystemExit, match="--bpe PATH/gpt2.tiktoken"):
+        tokenize_text.gpt2_encoding(None)
+    monkeypatch.setenv("TIKTOKEN_GPT2_BPE", BPE)
+    assert tokenize_text.gpt2_encoding(None).encode_ordinary("Hello world") == [15496, 995]
+
+
+def write(path, tokens, count=None):
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = tg.SHARD_MAGIC, tg.SHARD_VERSION, len(tokens) if count is None else count
+    path.write_bytes(header.tobytes() + np.asarray(tokens, dtype="<u2").tobytes())
+
+
+def test_check_reports_bad_shards(tmp_path, capsys):
+    write(tmp_path / "good.bin", [tg.BOS_ID, 5, 6, tg.BOS_ID, 7])
+    write(tmp_path / "big_id.bin", [tg.BOS_ID, 50300])
+    write(tmp_path / "cut.bin", [1, 2, 3], count=5)
+    stats = check.check_shard(str(tmp_path / "good.bin"))
+    assert stats["tokens"] == 5 and stats["docs"] == 2
+    with pytest.raises(tg.ShardFormatError, match="50300"):
+        check.check_shard(str(tmp_path / "big_id.bin"))
+    assert check.main([str(tmp_path / n) for n in ["good.bin", "big_id.bin", "cut.bin"]]) == 1
+    out = capsys.readouterr().out
+    assert out.count("BAD") == 2 and "truncated" in out and "ok   " in out
+
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """Stands in for huggingface_hub.hf_hub_download: writes a valid shard and records the call."""
+    calls = []
+
+    def fake(repo_id, filename, repo_type, local_dir):
+        assert repo_id == "kjj0/fineweb10B-gpt2" and repo_type == "dataset"
+        calls.append(filename)
+        write(local_dir / filename, [tg.BOS_ID, 1, 2])
+
+    monkeypatch.setattr(download, "hf_hub_download", fake)
+    return calls
+
+
+def test_download_names_skips_valid_and_replaces_corrupt(tmp_path, fake_hub):
+    assert download.main(["3", "--dir", str(tmp_path)]) == 0
+    assert fake_hub == ["fineweb_val_000000.bin", "fineweb_train_000001.bin", "fineweb_train_000002.bin",
+                        "fineweb_train_000003.bin"]
+    (tmp_path / "fineweb_train_000002.bin").write_bytes(b"garbage")
+    fake_hub.clear()
+    assert download.main(["3", "--dir", str(tmp_path)]) == 0
+    assert fake_hub == ["fineweb_train_000002.bin"]
+    assert tg.read_header(str(tmp_path / "fineweb_train_000002.bin")) == 3
+
+
+def test_download_offline_fails_plainly(tmp_path, monkeypatch, capsys):
+    def offline(**kwargs):
+        raise requests.exceptions.ConnectionError("Name or service not known")
+
+    monkeypatch.setattr(download, "hf_hub_download", offline)
+    assert download.main(["1", "--dir", str(tmp_path)]) == 1
+    assert "could not download fineweb_val_000000.bin" in capsys.readouterr().err
+
+
+def test_proxy_unpack_is_a_valid_shard_folder(proxy_dir):
+    files = sorted(p.name for p in proxy_dir.glob("*.bin"))
+    assert files == ["proxy_train_000001.bin", "proxy_val_000000.bin"]
+    stats = check.check_shard(str(proxy_dir / "proxy_val_000000.bin"))
+    assert stats["tokens"] == 2**21 and 500 < stats["tokens_per_doc"] < 5000
