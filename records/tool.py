@@ -1,0 +1,282 @@
+"""The record workflow: read timed logs written by train_gpt.py (or the baseline), summarize, plot, diff.
+
+    python records/tool.py summary records/2026-12-02_proxy-h200        # table, mean +- std, one-sided t-test
+    python records/tool.py plot records/A records/B -o curve.png          # val loss vs time and vs step
+    python records/tool.py diff LOG [--against train_gpt.py | OTHER_LOG]   # what code produced this log
+    python records/tool.py bench OURS_LOG BASELINE_LOG                     # tokens/s, MFU, time-to-loss speedup
+    python records/tool.py readme                                          # rewrite records/README.md's table
+
+Logs are parsed by `key:value` regex, never by column (train_gpt.log_line writes them). The t-test needs scipy
+and plot needs matplotlib (records/requirements.txt).
+"""
+import argparse
+import difflib
+import json
+import re
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from train_gpt import SOURCE_END, Hyperparameters, window_blocks, MASK_BLOCK  # noqa: E402
+
+RECORDS = REPO / "records"
+PAIR = re.compile(r"(\w+):(\S+)")
+# records/baseline/train_gpt2.py's fixed GPT-2 small, for its logs whose config does not list the model
+BASELINE_MODEL = {"num_layers": 12, "model_dim": 768, "vocab_size": 50304, "seq_len": 1024}
+H100_BF16_TFLOPS = 989.0  # dense bf16 peak of an H100/H200 SXM (datasheet); the H200 here measured ~780
+
+
+class LogFormatError(ValueError):
+    pass
+
+
+@dataclass
+class Run:
+    path: Path
+    source: str
+    config: dict
+    val: list = field(default_factory=list)    # (step, val_loss, train_ms)
+    train: list = field(default_factory=list)  # (step, train_loss, train_ms)
+    num_steps: int = 0
+    extra: dict = field(default_factory=dict)  # peak_memory, warmup_time, ...
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.config.get("tokens_per_step") or self.config["seq_len"] * self.config["batch_seqs"]
+
+    @property
+    def final(self):
+        return self.val[-1]
+
+
+def parse_log(path) -> Run:
+    text = Path(path).read_text(errors="replace")
+    parts = text.split(f"\n{SOURCE_END}\n")
+    if len(parts) < 3:
+        raise LogFormatError(f"{path}: no embedded source: not a log written by train_gpt.py")
+    run = Run(Path(path), parts[0], {})
+    for line in parts[2].splitlines():
+        if line.startswith("config:"):
+            run.config = json.loads(line.split()[0].removeprefix("config:"))
+            continue
+        kv = dict(PAIR.findall(line))
+        if "step" in kv and "/" in kv["step"]:
+            step, run.num_steps = map(int, kv["step"].split("/"))
+            ms = float(kv.get("train_time", "nan").removesuffix("ms"))
+            if "val_loss" in kv:
+                run.val.append((step, float(kv["val_loss"]), ms))
+            elif "train_loss" in kv:
+                run.train.append((step, float(kv["train_loss"]), ms))
+        else:
+            run.extra.update(kv)
+    if not run.val or not run.config:
+        raise LogFormatError(f"{path}: no config line or no val_loss lines: the run did not get going")
+    return run
+
+
+def find_logs(paths) -> list:
+    out = []
+    for p in map(Path, paths):
+        out += sorted(p.glob("*.txt")) if p.is_dir() else [p]
+    return out
+
+
+def load_runs(paths, warn=print) -> list:
+    runs = []
+    for path in find_logs(paths):
+        try:
+            runs.append(parse_log(path))
+        except (LogFormatError, OSError, json.JSONDecodeError) as e:
+            warn(f"skipped {path}: {e}")
+    return runs
+
+
+def mean_std(xs):
+    xs = np.asarray(xs, dtype=float)  # numpy, so a diverged (NaN) run gives NaN, not an exception
+    return float(xs.mean()), float(xs.std(ddof=1)) if len(xs) > 1 else 0.0
+
+
+def t_test(losses, target: float):
+    """One-sided one-sample t-test of mean(losses) < target. Returns p, or None with fewer than 2 runs."""
+    if len(losses) < 2:
+        return None
+    from scipy import stats
+    return float(stats.ttest_1samp(losses, target, alternative="less").pvalue)
+
+
+def summary(paths, target: float) -> str:
+    lines = []
+    runs = load_runs(paths, warn=lines.append)
+    if not runs:
+        return "\n".join(lines + ["no readable logs"])
+    lines.append(f"{'run':<40} {'steps':>6} {'val_loss':>9} {'time':>10} {'tokens':>14} {'peak_mem':>10}")
+    for r in runs:
+        step, loss, ms = r.final
+        lines.append(f"{r.path.name:<40} {step:>6} {loss:>9.4f} {ms / 1000:>9.1f}s {step * r.tokens_per_step:>14,} "
+                     f"{r.extra.get('peak_memory', '-'):>10}")
+    losses = [r.final[1] for r in runs]
+    (lm, ls), (tm, ts) = mean_std(losses), mean_std([r.final[2] / 1000 for r in runs])
+    lines.append(f"runs:{len(runs)} val_loss:{lm:.4f}+-{ls:.4f} train_time:{tm:.1f}+-{ts:.1f}s")
+    p = t_test(losses, target)
+    if p is None:
+        lines.append(f"t-test: needs at least 2 runs (have {len(runs)})")
+    else:
+        lines.append(f"t-test mean<{target}: p={p:.4g} {'meets' if p < 0.01 else 'does not meet'} the p<0.01 rule")
+    return "\n".join(lines)
+
+
+def flops_per_token(cfg: dict) -> tuple[float, str]:
+    """Training FLOPs per token: 6*N over the matmul weights (embedding lookups excluded, lm_head included)
+    plus attention's 12*d*K per layer, K = keys a query sees on average. For train_gpt.py K is taken as half
+    the layer's window averaged over the schedule: an upper bound, since document masking cuts it further."""
+    if "batch_tokens" in cfg:
+        cfg = {**BASELINE_MODEL, **cfg}
+    L, d, V = cfg["num_layers"], cfg["model_dim"], cfg["vocab_size"]
+    attn_layers = [i for i in range(L) if i not in cfg.get("no_attn_layers", [])]
+    n = len(attn_layers) * 4 * d * d + L * 8 * d * d + V * d
+    if "max_window" in cfg:  # train_gpt.py: sliding windows, long on some layers, half on the rest
+        hp = Hyperparameters(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in cfg.items()})
+        mean_w = statistics.mean(window_blocks(s, hp) * MASK_BLOCK for s in range(hp.num_steps))
+        keys = sum(mean_w / 2 if i in cfg["long_window_layers"] else mean_w / 4 for i in attn_layers)
+        how = f"6*{n / 1e6:.1f}M + 12*{d}*(sum over layers of window/2; mean window {mean_w:.0f})"
+    else:  # dense causal attention over seq_len
+        keys = len(attn_layers) * cfg["seq_len"] / 2
+        how = f"6*{n / 1e6:.1f}M + 12*{d}*{len(attn_layers)}*{cfg['seq_len']}/2"
+    return 6 * n + 12 * d * keys, how
+
+
+def time_to_loss(run: Run, loss: float):
+    """Train time (ms) at which val loss first reaches `loss`, linear between val points; None if never."""
+    prev = None
+    for step, val, ms in run.val:
+        if val <= loss:
+            if prev is None or prev[1] == val:
+                return ms
+            frac = (prev[1] - loss) / (prev[1] - val)
+            return prev[2] + frac * (ms - prev[2])
+        prev = (step, val, ms)
+    return None
+
+
+def bench(ours_path, base_path, peak_tflops: float) -> str:
+    ours, base = parse_log(ours_path), parse_log(base_path)
+    lines = [f"{'':<10} {'steps':>6} {'tokens':>12} {'final_val':>9} {'step_avg':>10} {'tokens/s':>10} "
+             f"{'MFU':>6} {'peak_mem':>10} {'compile':>9}"]
+    for name, r in [("ours", ours), ("baseline", base)]:
+        step, loss, ms = r.final
+        step_avg = ms / step
+        tps = r.tokens_per_step / (step_avg / 1000)
+        fpt, how = flops_per_token(r.config)
+        mfu = fpt * tps / (peak_tflops * 1e12)
+        lines.append(f"{name:<10} {step:>6} {step * r.tokens_per_step:>12,} {loss:>9.4f} {step_avg:>8.1f}ms "
+                     f"{tps:>10,.0f} {mfu:>6.1%} {r.extra.get('peak_memory', '-'):>10} "
+                     f"{r.extra.get('warmup_time', '-'):>9}")
+        lines.append(f"{'':<10} FLOPs/token = {how} = {fpt / 1e9:.3f} GFLOP; MFU vs {peak_tflops:.0f} TFLOP/s")
+    target = base.final[1]
+    t_ours, t_base = time_to_loss(ours, target), time_to_loss(base, target)
+    if t_ours is None:
+        lines.append(f"speedup: ours never reached the baseline's final val loss {target:.4f}")
+    else:
+        lines.append(f"speedup to val {target:.4f} (baseline's final): baseline {t_base / 1000:.1f}s / ours "
+                     f"{t_ours / 1000:.1f}s = {t_base / t_ours:.2f}x")
+    return "\n".join(lines)
+
+
+def source_of(path) -> str:
+    text = Path(path).read_text()
+    return text.split(f"\n{SOURCE_END}\n")[0] if f"\n{SOURCE_END}\n" in text else text
+
+
+def diff(log, against) -> str:
+    ours = source_of(log).splitlines(keepends=True)
+    theirs = source_of(against).splitlines(keepends=True)
+    return "".join(difflib.unified_diff(theirs, ours, fromfile=str(against), tofile=f"{log} (embedded source)"))
+
+
+def plot(paths, out: Path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (by_time, by_step) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for r in load_runs(paths, warn=lambda m: print(m, file=sys.stderr)):
+        label = f"{r.path.parent.name}/{r.path.stem}"
+        steps, losses, ms = zip(*r.val)
+        by_time.plot([t / 1000 for t in ms], losses, marker=".", label=label)
+        by_step.plot(steps, losses, marker=".", label=label)
+    for ax, xlabel in [(by_time, "train time (s, validation excluded)"), (by_step, "step")]:
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("val loss")
+        ax.grid(alpha=0.3)
+    by_time.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+README_HEAD = """# Records
+
+Each folder `records/<YYYY-MM-DD>_<name>/` holds the logs of one submission (each log starts with the exact
+source that produced it) and a README saying what changed and what was measured. Reproduce a number with
+`python records/tool.py summary <folder>`; see what code made a log with `python records/tool.py diff <log>`.
+
+This table is generated by `python records/tool.py readme`; do not edit it by hand.
+
+| record | what | runs | final val loss (mean) | train time (mean) | steps |
+|---|---|---|---|---|---|
+"""
+
+
+def readme(records_dir: Path = RECORDS) -> str:
+    rows = []
+    for d in sorted(p for p in records_dir.iterdir() if p.is_dir() and re.match(r"\d{4}-\d\d-\d\d_", p.name)):
+        runs = load_runs([d], warn=lambda m: None)
+        about = (d / "README.md").read_text().splitlines()[0].lstrip("# ") if (d / "README.md").exists() else ""
+        if runs:
+            loss = statistics.mean(r.final[1] for r in runs)
+            secs = statistics.mean(r.final[2] for r in runs) / 1000
+            steps = "/".join(sorted({str(r.final[0]) for r in runs}))
+            rows.append(f"| [{d.name}]({d.name}/) | {about} | {len(runs)} | {loss:.4f} | {secs:.1f}s | {steps} |")
+        else:
+            rows.append(f"| [{d.name}]({d.name}/) | {about} | 0 | - | - | - |")
+    return README_HEAD + "\n".join(rows) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("summary", help="table of runs, mean +- std, t-test against the target")
+    s.add_argument("paths", nargs="+", help="record folders or log files")
+    s.add_argument("--target", type=float, default=3.28)
+    pl = sub.add_parser("plot", help="val loss curves")
+    pl.add_argument("paths", nargs="+")
+    pl.add_argument("-o", "--out", type=Path, default=Path("curve.png"))
+    df = sub.add_parser("diff", help="unified diff of a log's embedded source")
+    df.add_argument("log")
+    df.add_argument("--against", default=str(REPO / "train_gpt.py"), help="a script or another log")
+    b = sub.add_parser("bench", help="proxy benchmark: ours vs baseline")
+    b.add_argument("ours")
+    b.add_argument("baseline")
+    b.add_argument("--peak_tflops", type=float, default=H100_BF16_TFLOPS)
+    sub.add_parser("readme", help="rewrite records/README.md")
+    args = parser.parse_args(argv)
+    if args.cmd == "summary":
+        print(summary(args.paths, args.target))
+    elif args.cmd == "plot":
+        plot(args.paths, args.out)
+        print(f"wrote {args.out}")
+    elif args.cmd == "diff":
+        print(diff(args.log, args.against) or "no difference", end="")
+    elif args.cmd == "bench":
+        print(bench(args.ours, args.baseline, args.peak_tflops))
+    elif args.cmd == "readme":
+        (RECORDS / "README.md").write_text(readme())
+        print(f"wrote {RECORDS / 'README.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
