@@ -688,6 +688,8 @@ def setup(cfg: Hyperparameters):
                  f"launch with --nproc_per_node in 1, 2, 4, 8 (a divisor of --batch_seqs).")
     if cfg.seq_len % MASK_BLOCK:
         sys.exit(f"error: --seq_len {cfg.seq_len} must be a multiple of {MASK_BLOCK}.")
+    if cfg.val_tokens < cfg.seq_len:
+        sys.exit(f"error: --val_tokens {cfg.val_tokens} is less than one sequence (--seq_len {cfg.seq_len}).")
     if cfg.device == "cuda":
         if not torch.cuda.is_available():
             sys.exit("error: no CUDA GPU is visible. train_gpt.py needs one per process; "
