@@ -272,6 +272,10 @@ class ShardedOptimizer:
         torch.cat([p.grad.reshape(-1) for p in b.params], out=b.flat[:b.numel])
         b.work = self.comm.reduce_scatter(b.grad, b.flat)
 
+    def _shard_slice(self, b: Bucket) -> slice:
+        n = b.grad.numel()
+        return slice(self.comm.rank * n, (self.comm.rank + 1) * n)
+
     @property
     def launched(self) -> int:
         return sum(b.work is not None for b in self.buckets)
@@ -286,7 +290,7 @@ class ShardedOptimizer:
         for b in self.buckets:
             b.work.wait()
             torch.cat([p.reshape(-1) for p in b.params], out=b.flat[:b.numel])
-            shard = b.flat[rank * b.grad.numel():(rank + 1) * b.grad.numel()].clone()
+            shard = b.flat[self._shard_slice(b)].clone()
             lr = b.lr * lr_factor
             if b.kind == "adam":
                 shard -= lr * adam_update(b.grad, b.state["exp_avg"], b.state["exp_avg_sq"], self.steps,
@@ -302,10 +306,6 @@ class ShardedOptimizer:
             for p, new in zip(b.params, b.flat[:b.numel].split([p.numel() for p in b.params])):
                 p.copy_(new.view_as(p))
                 p.grad = None
-
-    def _shard_slice(self, b: Bucket) -> slice:
-        n = b.grad.numel()
-        return slice(self.comm.rank * n, (self.comm.rank + 1) * n)
 
     @torch.no_grad()
     def state_dict(self) -> dict:

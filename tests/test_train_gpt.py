@@ -65,6 +65,7 @@ def test_block_mask_equals_dense_definition(window):
     assert (bm.full_kv_num_blocks.sum() > 0) == (window > 1)  # full blocks are covered too, where they exist
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # eager on purpose
 def test_flex_attention_equals_dense_attention():
     gen = torch.Generator().manual_seed(0)
     T, H, D = 512, 2, 32
