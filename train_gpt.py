@@ -662,6 +662,13 @@ def log_line(**fields) -> str:
 SOURCE_END = "=" * 100  # the line that ends the copy of this script at the top of every log
 
 
+def start_log(path: Path, script: str) -> Path:
+    """A log starts with the script's source and the environment, each closed by SOURCE_END."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{Path(script).read_text()}\n{SOURCE_END}\n{environment()}\n{SOURCE_END}\n")
+    return path
+
+
 def environment() -> str:
     lines = [f"python {platform.python_version()}", f"torch {torch.__version__}", f"numpy {np.__version__}",
              f"cuda {torch.version.cuda}"]
@@ -711,8 +718,7 @@ def main(argv=None):
     run_id = cfg.run_id or str(uuid.uuid4())
     log_path = Path(cfg.log_dir) / f"{run_id}.txt"
     if master:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_path.write_text(f"{Path(__file__).read_text()}\n{SOURCE_END}\n{environment()}\n{SOURCE_END}\n")
+        start_log(log_path, __file__)
 
     def log(line: str):
         if master:

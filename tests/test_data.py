@@ -8,6 +8,7 @@ import tiktoken
 
 import train_gpt as tg
 from conftest import SHARED_DATA, load_script
+from test_train_gpt import write_shard as write
 
 tokenize_text = load_script("tokenize_text", "data/tokenize_text.py")
 check = load_script("check", "data/check.py")
@@ -48,12 +49,6 @@ def test_tokenizer_without_network_or_file_says_what_to_do(monkeypatch):
         tokenize_text.gpt2_encoding(None)
     monkeypatch.setenv("TIKTOKEN_GPT2_BPE", BPE)
     assert tokenize_text.gpt2_encoding(None).encode_ordinary("Hello world") == [15496, 995]
-
-
-def write(path, tokens, count=None):
-    header = np.zeros(256, dtype="<i4")
-    header[:3] = tg.SHARD_MAGIC, tg.SHARD_VERSION, len(tokens) if count is None else count
-    path.write_bytes(header.tobytes() + np.asarray(tokens, dtype="<u2").tobytes())
 
 
 def test_check_reports_bad_shards(tmp_path, capsys):

@@ -89,3 +89,17 @@ def test_records_readme_is_generated(tmp_path):
     assert "notes" not in table
     # the committed records/README.md is the tool's output, not hand-typed
     assert (REPO / "records" / "README.md").read_text() == tool.readme()
+
+
+def test_baseline_log_is_read_and_its_flops_counted(proxy_dir, tmp_path):
+    baseline = load_script("baseline_train_gpt2", "records/baseline/train_gpt2.py")
+    log = baseline.main(["--device", "cpu", "--train_files", str(proxy_dir / "proxy_train_*.bin"),
+                         "--val_files", str(proxy_dir / "proxy_val_*.bin"), "--val_tokens", "2048",
+                         "--train_tokens", "1024", "--batch_tokens", "1024", "--micro_batch", "1",
+                         "--log_dir", str(tmp_path), "--run_id", "base"])
+    run = tool.parse_log(log)
+    assert [v[0] for v in run.val] == [0, 1] and run.val[-1][1] < run.val[0][1] and run.tokens_per_step == 1024
+    assert run.source == (REPO / "records" / "baseline" / "train_gpt2.py").read_text()
+    matmul = sum(p.numel() for n, p in baseline.GPT2().named_parameters() if p.ndim == 2 and "wpe" not in n)
+    fpt, _ = tool.flops_per_token(run.config)
+    assert fpt == 6 * matmul + 12 * 768 * 12 * 1024 / 2  # wte counts once: it is the tied head's matmul

@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from train_gpt import SOURCE_END, environment, find_shards, load_shard, load_val_tokens, log_line  # noqa: E402
+from train_gpt import find_shards, load_shard, load_val_tokens, log_line, start_log  # noqa: E402
 
 LLMC_WARMUP_FRAC = 700 / 19073  # llm.c's GPT-2 124M run: 700 warm-up steps of 19,073 (10B tokens)
 
@@ -92,9 +92,7 @@ def main(argv=None):
     steps = args.train_tokens // args.batch_tokens
     accum = args.batch_tokens // (args.micro_batch * ctx)
     run_id = args.run_id or str(uuid.uuid4())
-    log_path = Path(args.log_dir) / f"{run_id}.txt"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.write_text(f"{Path(__file__).read_text()}\n{SOURCE_END}\n{environment()}\n{SOURCE_END}\n")
+    log_path = start_log(Path(args.log_dir) / f"{run_id}.txt", __file__)
 
     def log(line):
         print(line, flush=True)
