@@ -16,6 +16,5 @@ python3 train_gpt.py "${shards[@]}" --num_steps 125 --val_every 10 --warmup_step
 # baseline: 93 steps x 524,288 tokens = 48.8M
 python3 records/baseline/train_gpt2.py "${shards[@]}" --train_tokens 49152000 --val_every 10 --log_dir "$out" \
     --run_id baseline
-if [ -f records/tool.py ] && python3 -c "import scipy" 2>/dev/null; then
-    python3 records/tool.py bench "$out/ours.txt" "$out/baseline.txt" | tee "$out/summary.txt"
-fi
+python3 records/tool.py bench "$out/ours.txt" "$out/baseline.txt" | tee "$out/summary.txt"
+python3 records/tool.py plot "$out" -o "$out/curve.png"
