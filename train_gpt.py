@@ -82,19 +82,18 @@ def _(x, w, x_s, w_s, grad_s):
 
 
 @torch.library.custom_op("train_gpt::fp8_mm_backward", mutates_args=())
-def fp8_mm_backward(g: Tensor, x_f8: Tensor, w_f8: Tensor, x_s: float, w_s: float,
+def fp8_mm_backward(g_f8: Tensor, g_f8_t: Tensor, x_f8: Tensor, w_f8: Tensor, x_s: float, w_s: float,
                     grad_s: float) -> tuple[Tensor, Tensor]:
-    """Grads of fp8_mm: the output grad goes to e5m2 (wider range, as gradients need), then two FP8 matmuls."""
-    g_f8 = to_fp8(g, grad_s, torch.float8_e5m2)
+    """Grads of fp8_mm from the e5m2 output grad, given twice: row-major for grad_x and transposed for grad_w
+    (FP8 matmuls take only K-contiguous operands, and K is the token dim for grad_w)."""
     grad_x = scaled_mm(g_f8, w_f8.T.contiguous().T, grad_s, w_s, torch.bfloat16, fast_accum=False)
-    grad_w = scaled_mm(x_f8.T.contiguous(), g_f8.T.contiguous().T, x_s, grad_s, torch.float32, fast_accum=False).T
+    grad_w = scaled_mm(g_f8_t, x_f8.T.contiguous().T, grad_s, x_s, torch.float32, fast_accum=False)
     return grad_x, grad_w
 
 
 @fp8_mm_backward.register_fake
-def _(g, x_f8, w_f8, x_s, w_s, grad_s):
-    grad_w = w_f8.new_empty(w_f8.shape[::-1], dtype=torch.float32).T  # column-major, as _scaled_mm leaves it
-    return x_f8.new_empty(x_f8.shape, dtype=torch.bfloat16), grad_w
+def _(g_f8, g_f8_t, x_f8, w_f8, x_s, w_s, grad_s):
+    return x_f8.new_empty(x_f8.shape, dtype=torch.bfloat16), w_f8.new_empty(w_f8.shape, dtype=torch.float32)
 
 
 def _fp8_mm_setup(ctx, inputs, output):
@@ -104,7 +103,12 @@ def _fp8_mm_setup(ctx, inputs, output):
 
 def _fp8_mm_grad(ctx, grad_out, *_):
     x_f8, w_f8 = ctx.saved_tensors
-    grad_x, grad_w = fp8_mm_backward(grad_out.contiguous(), x_f8, w_f8, *ctx.scales)
+    # the e5m2 cast and the transpose of the (tokens x vocab) grad stay outside the op so that torch.compile
+    # fuses them into the loss's backward kernel. Inside the op they were four eager kernels over the 48K x 50304
+    # grad (~30 GB of traffic a micro-step) and made the FP8 head slower than bf16: on an H200, 913 ms/step vs
+    # 773 (bf16 head) before, 768 after (records/2026-12-02_proxy-h200/)
+    g_f8 = to_fp8(grad_out, ctx.scales[2], torch.float8_e5m2)
+    grad_x, grad_w = fp8_mm_backward(g_f8, g_f8.T.contiguous(), x_f8, w_f8, *ctx.scales)
     return grad_x, grad_w, None, None, None
 
 
