@@ -518,6 +518,15 @@ def read_header(path: str) -> int:
     return num_tokens
 
 
+def is_shard(path) -> bool:
+    """True if path exists and its header matches its size: how the data scripts skip finished shards."""
+    try:
+        read_header(str(path))
+        return True
+    except (OSError, ShardFormatError):
+        return False
+
+
 def load_shard(path: str) -> np.ndarray:
     return np.fromfile(path, dtype="<u2", count=read_header(path), offset=HEADER_BYTES)
 

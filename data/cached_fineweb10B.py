@@ -14,7 +14,7 @@ from pathlib import Path
 from huggingface_hub import hf_hub_download
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from train_gpt import ShardFormatError, read_header  # noqa: E402
+from train_gpt import is_shard, read_header  # noqa: E402
 
 REPO_ID = "kjj0/fineweb10B-gpt2"   # 100M-token shards: fineweb_val_000000.bin, fineweb_train_000001.bin, ...
 DEFAULT_DIR = Path(__file__).resolve().parent / "fineweb10B"
@@ -24,18 +24,10 @@ def shard_names(num_train: int) -> list:
     return ["fineweb_val_000000.bin"] + [f"fineweb_train_{i:06d}.bin" for i in range(1, num_train + 1)]
 
 
-def is_valid(path: Path) -> bool:
-    try:
-        read_header(str(path))
-        return True
-    except (OSError, ShardFormatError):
-        return False
-
-
 def fetch(name: str, dst: Path) -> bool:
     """Makes dst/name a valid shard; returns False if it was already there."""
     path = dst / name
-    if is_valid(path):
+    if is_shard(path):
         return False
     path.unlink(missing_ok=True)
     hf_hub_download(repo_id=REPO_ID, filename=name, repo_type="dataset", local_dir=dst)

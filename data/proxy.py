@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from train_gpt import ShardFormatError, read_header  # noqa: E402
+from train_gpt import is_shard, read_header  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_SRC = REPO.parent / "shared" / "data"
@@ -31,9 +31,7 @@ def unpack(src: Path, dst: Path, num_train: int | None = None) -> list:
     out = []
     for xz in val + train:
         path = dst / xz.name.removesuffix(".xz")
-        try:
-            read_header(str(path))
-        except (OSError, ShardFormatError):
+        if not is_shard(path):
             tmp = path.with_suffix(".tmp")
             with lzma.open(xz) as f_in, open(tmp, "wb") as f_out:
                 shutil.copyfileobj(f_in, f_out)

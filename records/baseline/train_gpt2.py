@@ -99,13 +99,12 @@ def main(argv=None):
         with open(log_path, "a") as f:
             f.write(line + "\n")
 
-    model = GPT2()
+    torch.manual_seed(0)
+    model = GPT2().to(device)
     config = {**vars(args), "num_steps": steps, "tokens_per_step": args.batch_tokens, "seq_len": ctx,
               "num_layers": len(model.blocks), "model_dim": model.wte.embedding_dim,
               "vocab_size": model.wte.num_embeddings}
     log(log_line(config=json.dumps(config, separators=(",", ":")), world_size=1, run_id=run_id))
-    torch.manual_seed(0)
-    model = GPT2().to(device)  # re-made after the seed: the init is reproducible
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
