@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Fresh machine to a timed record run: install, fetch FineWeb (900M tokens), train on every visible GPU.
+# Fresh GPU machine to a timed record run: install, fetch FineWeb (900M tokens), train on every visible GPU.
 #   ./run.sh                 # extra arguments go to train_gpt.py, e.g. ./run.sh --num_steps 100
 set -euo pipefail
 cd "$(dirname "$0")"
+# check for GPUs before installing the multi-GB CUDA torch or downloading 1.8 GB of data
+if ! gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); then gpus=0; fi
+if [ "$gpus" -eq 0 ]; then
+    echo "error: no NVIDIA GPU visible (nvidia-smi); ./run.sh trains on GPUs. For a CPU smoke run see README.md" >&2
+    exit 1
+fi
 python3 -m pip install -q torch -r requirements.txt
 python3 data/cached_fineweb10B.py 9
-gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
-if [ "$gpus" -eq 0 ]; then echo "error: no CUDA GPU visible; train_gpt.py needs one per process" >&2; exit 1; fi
-torchrun --standalone --nproc_per_node="$gpus" train_gpt.py "$@"
+if command -v torchrun >/dev/null; then launch=(torchrun); else launch=(python3 -m torch.distributed.run); fi
+"${launch[@]}" --standalone --nproc_per_node="$gpus" train_gpt.py "$@"

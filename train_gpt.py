@@ -1,26 +1,30 @@
 """
-train_gpt.py: train a GPT-2-small-class model on FineWeb .bin shards until val loss <= 3.28, as fast as possible.
+train_gpt.py: train a GPT-2-small-class model on FineWeb .bin shards to val loss <= 3.28, as fast as possible.
 
-    torchrun --standalone --nproc_per_node=8 train_gpt.py      # the record setup; 1, 2 or 4 GPUs give the same run
+    torchrun --standalone --nproc_per_node=8 train_gpt.py      # the record setup; any divisor of --batch_seqs
+                                                               # (1, 2, 4 or 8 GPUs) runs the same training
     python train_gpt.py --help                                 # every hyperparameter; any one can be overridden
 
-The recipe is the NanoGPT speedrun's FlexAttention era (record of Aug 2025: 1695 steps x 393,216 tokens on
-8xH100). Each run writes logs/<run_id>.txt, which starts with this file's source and the environment, so a
-log is enough to re-run and diff it. Sections: ops (FP8 matmul, attention masks, Newton-Schulz), optimizer,
-model, data, Hyperparameters, main().
+The recipe is the NanoGPT speedrun record of Aug 2025 (2.812 min on 8xH100: 1695 steps x 393,216 tokens, mean
+val loss 3.2787). Each run writes logs/<run_id>.txt, which starts with this file's source and the environment,
+so a log is enough to re-run and diff it; a resumed run appends to it. Sections: ops (FP8 matmul, attention
+mask, Newton-Schulz, Adam), optimizer, model, data, Hyperparameters, checkpoints, the training steps, main().
 """
 
 # ----------------------------------------------------------------------------------------------------------
 # Imports
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import glob
+import hashlib
 import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -36,26 +40,50 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+
+class UserError(Exception):
+    """Something the user can fix (a flag, a file, the launch). main() prints the message as one line, without
+    a traceback, and exits non-zero."""
+
+
 # ----------------------------------------------------------------------------------------------------------
-# Ops: FP8 matmul for the lm_head, attention masks, Newton-Schulz
+# Ops: FP8 matmul for the lm_head, the attention mask, Newton-Schulz, Adam
 
 BOS_ID = 50256       # <|endoftext|> in GPT-2's BPE; FineWeb shards put it before every document
+GPT2_VOCAB = 50257   # token ids 0..50256; a shard holding anything larger is not GPT-2 BPE
 MASK_BLOCK = 128     # FlexAttention's tile size; sliding windows are measured in whole blocks of it
 E4M3_MAX = 448.0     # largest finite float8_e4m3fn
 E5M2_MAX = 57344.0   # largest finite float8_e5m2
-# lm_head weights up to +-24 stay in range: with zero init and Adam lr 0.22, each step moves a weight by up to
-# 0.22, so 2^-9 (+-0.875, an older record's scale) overflows within 4 steps (seen on an H200: NaN at step 6).
-HEAD_W_SCALE = 24 / 448      # the FlexAttention-era record's constant
-HEAD_GRAD_SCALE = 1 / 448    # logit grads of a summed, soft-capped loss are within +-1: +-448 in e5m2 (record's)
+# lm_head FP8 scales of the Aug 2025 record: inputs are rms-normed (entries ~1, at most sqrt(dim)), so x/scale
+# fits e4m3 with scale sqrt(dim)/448; weights (Adam lr 0.008 from zero) stay within 448 * 2^-9 = 0.875;
+# logit grads of the summed, soft-capped loss are within +-1, i.e. +-448 in e5m2 units of 1/448.
+HEAD_W_SCALE = 2**-9
+HEAD_GRAD_SCALE = 1 / 448
+SOFTCAP = 30.0       # logits are soft-capped to (0, 30) as 30 * sigmoid(z / 7.5) (Aug 2025 record)
+SOFTCAP_DIV = 7.5
+
+_scale_tensors = {}
+
+
+def scale_tensor(value: float, device) -> Tensor:
+    """A python float as a cached fp32 device scalar: _scaled_mm takes its scales as tensors, and building one
+    per call is a blocking host-to-device copy (6 per micro-step)."""
+    key = (value, str(device))
+    if key not in _scale_tensors:
+        _scale_tensors[key] = torch.tensor(value, dtype=torch.float32, device=device)
+    return _scale_tensors[key]
+
+
+def has_fp8_tensor_cores(capability: tuple) -> bool:
+    return tuple(capability) >= (8, 9)  # Ada and Hopper; A100s (8.0) and older have none
 
 
 def scaled_mm(a: Tensor, b: Tensor, scale_a: float, scale_b: float, out_dtype, fast_accum: bool) -> Tensor:
     """(a*scale_a) @ (b*scale_b) for fp8 a (row-major) and b (column-major). Uses the FP8 tensor cores of
     sm_89+ GPUs; elsewhere computes the same product of the same fp8 values in fp32."""
-    if a.is_cuda and torch.cuda.get_device_capability(a.device) >= (8, 9):
-        sa = torch.tensor(scale_a, dtype=torch.float32, device=a.device)
-        sb = torch.tensor(scale_b, dtype=torch.float32, device=a.device)
-        return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype, use_fast_accum=fast_accum)
+    if a.is_cuda and has_fp8_tensor_cores(torch.cuda.get_device_capability(a.device)):
+        return torch._scaled_mm(a, b, scale_a=scale_tensor(scale_a, a.device), scale_b=scale_tensor(scale_b, a.device),
+                                out_dtype=out_dtype, use_fast_accum=fast_accum)
     return ((a.float() * scale_a) @ (b.float() * scale_b)).to(out_dtype)
 
 
@@ -65,26 +93,94 @@ def to_fp8(t: Tensor, scale: float, dtype) -> Tensor:
     return t.div(scale).clamp(-top, top).to(dtype)
 
 
-@torch.library.custom_op("train_gpt::fp8_mm", mutates_args=())
-def fp8_mm(x: Tensor, w: Tensor, x_s: float, w_s: float, grad_s: float) -> tuple[Tensor, Tensor, Tensor]:
-    """x @ w.T with both operands rounded to e4m3 after dividing by their scales; returns the fp8 copies too,
-    so backward reuses them instead of saving the bf16/fp32 originals."""
+try:  # Triton comes with CUDA builds of torch; elsewhere softcap_ce_grad uses its torch fallback
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+
+if triton is not None:
+    @triton.jit
+    def _softcap_ce_kernel(z_ptr, targets_ptr, loss_ptr, g_ptr, T, inv_grad_s, V: tl.constexpr, CAP: tl.constexpr,
+                           DIV: tl.constexpr, TOP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr):
+        """Rows [pid*BLOCK_T, +BLOCK_T) of softcap_ce_grad: a pass over the vocab for the log-sum-exp, a second
+        that writes each (BLOCK_T x BLOCK_V) tile of the e5m2 grad."""
+        rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)  # offsets pass 2^31
+        live = rows < T
+        m = tl.full((BLOCK_T,), float("-inf"), tl.float32)
+        s = tl.zeros((BLOCK_T,), tl.float32)
+        for v0 in range(0, V, BLOCK_V):
+            cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
+            z = tl.load(z_ptr + rows[:, None] * V + cols[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+            c = CAP * tl.sigmoid(z / DIV)
+            m_new = tl.maximum(m, tl.max(c, axis=1))
+            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(c - m_new[:, None]), axis=1)
+            m = m_new
+        lse = m + tl.log(s)
+        t = tl.load(targets_ptr + rows, mask=live, other=0).to(tl.int64)
+        z_t = tl.load(z_ptr + rows * V + t, mask=live, other=0.0).to(tl.float32)
+        tl.store(loss_ptr + rows, lse - CAP * tl.sigmoid(z_t / DIV), mask=live)
+        for v0 in range(0, V, BLOCK_V):
+            cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
+            z = tl.load(z_ptr + rows[:, None] * V + cols[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+            sig = tl.sigmoid(z / DIV)
+            p = tl.exp(CAP * sig - lse[:, None])
+            dc = tl.where(cols[None, :] == t[:, None], p - 1.0, p)
+            g = dc * (CAP / DIV) * sig * (1.0 - sig) * inv_grad_s
+            g = tl.minimum(tl.maximum(g, -TOP), TOP).to(tl.float8e5)
+            tl.store(g_ptr + rows[:, None] * V + cols[None, :], g, mask=live[:, None])
+
+
+def softcap_ce_grad(z: Tensor, targets: Tensor, grad_s: float) -> tuple[Tensor, Tensor, Tensor]:
+    """For logits z (tokens x vocab): per-token cross-entropy of the soft-capped logits c = 30 sigmoid(z / 7.5),
+    and its grad dloss/dz in e5m2 units of grad_s, row-major and transposed (the two operands of the head's
+    backward matmuls). On GPU one Triton kernel reads z twice and writes only the fp8 grad; torch.compile's
+    version of the same wrote and re-read fp32/bf16 (tokens x vocab) tensors (~16 ms a micro-step on an H200).
+    The transposed copy is torch's: the kernel's own transposed stores (tl.trans) wrote wrong places on an H200
+    with triton 3.6, while the interpreter got them right."""
+    T, V = z.shape
+    if z.is_cuda and triton is not None and V % 128 == 0:
+        loss = torch.empty(T, device=z.device, dtype=torch.float32)
+        g = torch.empty(T, V, device=z.device, dtype=torch.float8_e5m2)
+        _softcap_ce_kernel[(triton.cdiv(T, 64),)](z, targets, loss, g, T, 1 / grad_s, V=V, CAP=SOFTCAP,
+                                                  DIV=SOFTCAP_DIV, TOP=E5M2_MAX, BLOCK_T=64, BLOCK_V=128,
+                                                  num_warps=8)
+        return loss, g, g.T.contiguous()
+    c = SOFTCAP * torch.sigmoid(z.float() / SOFTCAP_DIV)
+    lse = torch.logsumexp(c, dim=-1)
+    loss = lse - c.gather(1, targets[:, None].long())[:, 0]
+    dc = torch.exp(c - lse[:, None])
+    dc[torch.arange(T, device=z.device), targets.long()] -= 1
+    sig = c / SOFTCAP
+    g = to_fp8(dc * (SOFTCAP / SOFTCAP_DIV) * sig * (1 - sig), grad_s, torch.float8_e5m2)
+    return loss, g, g.T.contiguous()
+
+
+@torch.library.custom_op("train_gpt::fp8_head_loss", mutates_args=())
+def fp8_head_loss(x: Tensor, w: Tensor, targets: Tensor, x_s: float, w_s: float,
+                  grad_s: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The lm_head's summed soft-capped cross-entropy with x @ w.T in FP8 (both rounded to e4m3 after dividing
+    by their scales). The logit grad is computed here, with the loss, so backward is two FP8 matmuls. Returns
+    (loss, and what backward needs: x_f8, w_f8, and the e5m2 grad row-major and transposed)."""
     x_f8 = to_fp8(x, x_s, torch.float8_e4m3fn)
     w_f8 = to_fp8(w, w_s, torch.float8_e4m3fn)
-    out = scaled_mm(x_f8, w_f8.T, x_s, w_s, torch.bfloat16, fast_accum=True)
-    return out, x_f8, w_f8
+    z = scaled_mm(x_f8, w_f8.T, x_s, w_s, torch.bfloat16, fast_accum=True)
+    loss, g_f8, g_f8_t = softcap_ce_grad(z, targets, grad_s)
+    return loss.sum(), x_f8, w_f8, g_f8, g_f8_t
 
 
-@fp8_mm.register_fake
-def _(x, w, x_s, w_s, grad_s):
-    return (x.new_empty(x.size(0), w.size(0), dtype=torch.bfloat16),
-            x.new_empty(x.shape, dtype=torch.float8_e4m3fn), w.new_empty(w.shape, dtype=torch.float8_e4m3fn))
+@fp8_head_loss.register_fake
+def _(x, w, targets, x_s, w_s, grad_s):
+    T, V = x.size(0), w.size(0)
+    return (x.new_empty((), dtype=torch.float32), x.new_empty(x.shape, dtype=torch.float8_e4m3fn),
+            w.new_empty(w.shape, dtype=torch.float8_e4m3fn), x.new_empty(T, V, dtype=torch.float8_e5m2),
+            x.new_empty(V, T, dtype=torch.float8_e5m2))
 
 
 @torch.library.custom_op("train_gpt::fp8_mm_backward", mutates_args=())
 def fp8_mm_backward(g_f8: Tensor, g_f8_t: Tensor, x_f8: Tensor, w_f8: Tensor, x_s: float, w_s: float,
                     grad_s: float) -> tuple[Tensor, Tensor]:
-    """Grads of fp8_mm from the e5m2 output grad, given twice: row-major for grad_x and transposed for grad_w
+    """Grads of x @ w.T from the e5m2 output grad, given twice: row-major for grad_x and transposed for grad_w
     (FP8 matmuls take only K-contiguous operands, and K is the token dim for grad_w)."""
     grad_x = scaled_mm(g_f8, w_f8.T.contiguous().T, grad_s, w_s, torch.bfloat16, fast_accum=False)
     grad_w = scaled_mm(g_f8_t, x_f8.T.contiguous().T, grad_s, x_s, torch.float32, fast_accum=False)
@@ -96,46 +192,52 @@ def _(g_f8, g_f8_t, x_f8, w_f8, x_s, w_s, grad_s):
     return x_f8.new_empty(x_f8.shape, dtype=torch.bfloat16), w_f8.new_empty(w_f8.shape, dtype=torch.float32)
 
 
-def _fp8_mm_setup(ctx, inputs, output):
-    ctx.save_for_backward(output[1], output[2])
-    ctx.scales = inputs[2:]
+def _fp8_head_setup(ctx, inputs, output):
+    ctx.save_for_backward(*output[1:])
+    ctx.scales = inputs[3:]
 
 
-def _fp8_mm_grad(ctx, grad_out, *_):
-    x_f8, w_f8 = ctx.saved_tensors
-    # the e5m2 cast and the transpose of the (tokens x vocab) grad stay outside the op so that torch.compile
-    # fuses them into the loss's backward kernel. Inside the op they were four eager kernels over the 48K x 50304
-    # grad (~30 GB of traffic a micro-step) and made the FP8 head slower than bf16: on an H200, 913 ms/step vs
-    # 773 (bf16 head) before, 768 after (records/2026-12-02_proxy-h200/)
-    g_f8 = to_fp8(grad_out, ctx.scales[2], torch.float8_e5m2)
-    grad_x, grad_w = fp8_mm_backward(g_f8, g_f8.T.contiguous(), x_f8, w_f8, *ctx.scales)
-    return grad_x, grad_w, None, None, None
+def _fp8_head_grad(ctx, grad_loss, *_):
+    x_f8, w_f8, g_f8, g_f8_t = ctx.saved_tensors
+    grad_x, grad_w = fp8_mm_backward(g_f8, g_f8_t, x_f8, w_f8, *ctx.scales)
+    return grad_x * grad_loss, grad_w * grad_loss, None, None, None, None
 
 
-fp8_mm.register_autograd(_fp8_mm_grad, setup_context=_fp8_mm_setup)
+fp8_head_loss.register_autograd(_fp8_head_grad, setup_context=_fp8_head_setup)
+
+
+def mask_rule(q_idx: Tensor, kv_idx: Tensor, docs: Tensor, window_blocks: Tensor) -> Tensor:
+    """The attention mask, the one definition: a query sees a key that is not after it, is in the same
+    document (docs[i] = which document token i is in), and whose 128-token block is fewer than
+    window_blocks blocks before the query's block. The dense fallback and the BlockMask's mask_mod both call it."""
+    return ((q_idx >= kv_idx) & (docs[q_idx] == docs[kv_idx])
+            & (q_idx // MASK_BLOCK - kv_idx // MASK_BLOCK < window_blocks))
+
+
+def document_ids(idx: Tensor) -> Tensor:
+    """Which document each token is in: every document starts with <|endoftext|>, so the count of them so far."""
+    return (idx == BOS_ID).cumsum(0)
 
 
 def dense_attention_mask(docs: Tensor, window_blocks: Tensor) -> Tensor:
-    """The mask's definition, token by token: causal, same document, and the key's block at most
-    window_blocks - 1 blocks before the query's block."""
-    q = torch.arange(docs.numel(), device=docs.device)[:, None]
-    k = q.T
-    return (q >= k) & (docs[q] == docs[k]) & (q // MASK_BLOCK - k // MASK_BLOCK < window_blocks)
+    """mask_rule for every (query, key) pair: a (T, T) bool matrix, for SDPA on CPU."""
+    idx = torch.arange(docs.numel(), device=docs.device)
+    return mask_rule(idx[:, None], idx[None, :], docs, window_blocks)
 
 
 def block_attention_mask(docs: Tensor, window_blocks: Tensor) -> BlockMask:
-    """The same mask as dense_attention_mask, as FlexAttention's BlockMask: per query block, the key blocks
-    that are fully visible (no mask_mod needed) and those that are partly visible (mask_mod decides)."""
+    """mask_rule as FlexAttention's BlockMask: per query block, the key blocks where every pair is visible (no
+    mask_mod needed) and those where some are (mask_rule decides per pair). Blocks are classified from their
+    first and last document ids, which rise along the sequence."""
     num_blocks = docs.numel() // MASK_BLOCK
     blk = torch.arange(num_blocks, device=docs.device)
     q_blk, k_blk = blk[:, None], blk[None, :]
     first, last = docs.view(num_blocks, MASK_BLOCK)[:, 0], docs.view(num_blocks, MASK_BLOCK)[:, -1]
-    # doc ids rise along the sequence, so a block spans docs first..last
     in_window = (q_blk >= k_blk) & (q_blk - k_blk < window_blocks)
     docs_meet = (first[:, None] <= last[None, :]) & (last[:, None] >= first[None, :])
     one_doc = (first[:, None] == last[None, :]) & (last[:, None] == first[None, :])
     full = in_window & one_doc & (q_blk > k_blk)
-    partial = in_window & docs_meet & ~full
+    some = in_window & docs_meet & ~full
 
     def sparse(visible):
         counts = visible.sum(-1, dtype=torch.int32)
@@ -143,20 +245,23 @@ def block_attention_mask(docs: Tensor, window_blocks: Tensor) -> BlockMask:
         return counts[None, None].contiguous(), order[None, None].contiguous()
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return ((q_idx >= kv_idx) & (docs[q_idx] == docs[kv_idx])
-                & (q_idx // MASK_BLOCK - kv_idx // MASK_BLOCK < window_blocks))
+        return mask_rule(q_idx, kv_idx, docs, window_blocks)
 
-    return BlockMask.from_kv_blocks(*sparse(partial), *sparse(full), BLOCK_SIZE=MASK_BLOCK, mask_mod=mask_mod)
+    return BlockMask.from_kv_blocks(*sparse(some), *sparse(full), BLOCK_SIZE=MASK_BLOCK, mask_mod=mask_mod)
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, docs: Tensor, window_blocks: Tensor, scale: float) -> Tensor:
-    """Masked attention over (B, T, heads, head_dim). FlexAttention on GPU; on CPU, where Flex has no backward,
-    SDPA with the equal dense mask."""
+def attention_mask(docs: Tensor, window_blocks: Tensor):
+    """The mask in the form attention() takes on this device: a BlockMask for FlexAttention on GPU; on CPU,
+    where Flex has no backward, the dense matrix for SDPA. Built once per forward for each window size."""
+    return block_attention_mask(docs, window_blocks) if docs.is_cuda else dense_attention_mask(docs, window_blocks)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask, scale: float) -> Tensor:
+    """Masked attention over (B, T, heads, head_dim), with a mask from attention_mask()."""
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    if q.is_cuda:
-        y = flex_attention(q, k, v, block_mask=block_attention_mask(docs, window_blocks), scale=scale)
+    if isinstance(mask, BlockMask):
+        y = flex_attention(q, k, v, block_mask=mask, scale=scale)
     else:
-        mask = dense_attention_mask(docs, window_blocks)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return y.transpose(1, 2)
 
@@ -188,7 +293,8 @@ def muon_update(grad: Tensor, momentum_buf: Tensor, momentum: float) -> Tensor:
 
 
 def adam_update(grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: int, betas, eps: float) -> Tensor:
-    """Bias-corrected Adam direction (no weight decay)."""
+    """Bias-corrected Adam direction (no weight decay), in the dtype of its state (bf16 for the embeddings, as
+    the record keeps them)."""
     exp_avg.lerp_(grad, 1 - betas[0])
     exp_avg_sq.lerp_(grad.square(), 1 - betas[1])
     m_hat = exp_avg / (1 - betas[0] ** step)
@@ -200,14 +306,14 @@ def adam_update(grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: int, be
 # Optimizer: sharded across ranks, communication overlapped with backward
 
 class Comm:
-    """The two collectives the optimizer needs; with one process they are copies."""
+    """The collectives the trainer needs; with one process they are copies."""
 
     class _Done:
         def wait(self):
             pass
 
-    def __init__(self, rank: int, world: int):
-        self.rank, self.world = rank, world
+    def __init__(self, rank: int, world: int, device=None):
+        self.rank, self.world, self.device = rank, world, device
 
     def reduce_scatter(self, out: Tensor, inp: Tensor):
         if self.world == 1:
@@ -221,19 +327,33 @@ class Comm:
             return self._Done()
         return dist.all_gather_into_tensor(out, inp, async_op=True)
 
+    def all_ok(self, ok: bool) -> bool:
+        """True if ok is true on every rank: how ranks agree to go on after a step that can fail on one of them
+        (reading a checkpoint, writing one), instead of the others hanging in their next collective."""
+        if self.world == 1:
+            return ok
+        flag = torch.tensor([int(ok)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
 
 class Bucket:
-    """Parameters whose gradients travel together: laid end to end in `flat`, zero-padded to `world` shards of
-    `shard_numel`. Rank r reduces, updates and broadcasts shard r. A Muon bucket holds up to `world` matrices
-    of one shape with shard = one matrix, so each rank orthogonalizes whole matrices."""
+    """Parameters whose gradients travel together: laid end to end in `flat` (fp32), zero-padded to `world`
+    shards of `shard_numel`. Rank r reduces, updates and broadcasts shard r. A Muon bucket holds up to `world`
+    matrices of one shape with shard = one matrix, so each rank orthogonalizes whole matrices. The optimizer
+    state is in the parameters' dtype (bf16 for the embeddings, as the record keeps it); the grads of bf16
+    parameters are summed in fp32 (`acc`) micro-step by micro-step, so the sum is the same at any world size."""
 
     def __init__(self, params: list, kind: str, lr: float, shard_numel: int, world: int):
+        dtype, device = params[0].dtype, params[0].device
+        assert all(p.dtype == dtype for p in params), "a bucket's parameters share one dtype"
         self.params, self.kind, self.lr = params, kind, lr
         self.numel = sum(p.numel() for p in params)
-        self.flat = torch.zeros(world * shard_numel, device=params[0].device)
-        self.grad = torch.zeros(shard_numel, device=params[0].device)
+        self.flat = torch.zeros(world * shard_numel, device=device)
+        self.grad = torch.zeros(shard_numel, device=device)
         names = ["momentum"] if kind == "muon" else ["exp_avg", "exp_avg_sq"]
-        self.state = {name: torch.zeros_like(self.grad) for name in names}
+        self.state = {name: torch.zeros(shard_numel, device=device, dtype=dtype) for name in names}
+        self.acc = torch.zeros(self.numel, device=device) if dtype != torch.float32 else None
         self.ready = 0      # params of this bucket whose grads are final
         self.work = None    # the collective in flight
 
@@ -262,10 +382,16 @@ class ShardedOptimizer:
             self.buckets.append(Bucket(params, "adam", lr, math.ceil(numel / comm.world), comm.world))
         self.params = [p for b in self.buckets for p in b.params]  # fixed order, the same at any world size
         for b in self.buckets:
+            offset = 0
             for p in b.params:
-                p.register_post_accumulate_grad_hook(partial(self._grad_ready, b))
+                p.register_post_accumulate_grad_hook(partial(self._grad_ready, b, offset))
+                offset += p.numel()
 
-    def _grad_ready(self, bucket: Bucket, _param: Tensor):
+    @torch.no_grad()
+    def _grad_ready(self, bucket: Bucket, offset: int, param: Tensor):
+        if bucket.acc is not None:  # fold this micro-step's bf16 grad into the fp32 sum
+            bucket.acc[offset:offset + param.numel()] += param.grad.reshape(-1)
+            param.grad = None
         if self.reduce_in_backward:
             bucket.ready += 1
             if bucket.ready == len(bucket.params):
@@ -273,7 +399,11 @@ class ShardedOptimizer:
 
     @torch.no_grad()
     def _reduce(self, b: Bucket):
-        torch.cat([p.grad.reshape(-1) for p in b.params], out=b.flat[:b.numel])
+        if b.acc is not None:
+            b.flat[:b.numel].copy_(b.acc)
+            b.acc.zero_()
+        else:
+            torch.cat([p.grad.reshape(-1) for p in b.params], out=b.flat[:b.numel])
         b.work = self.comm.reduce_scatter(b.grad, b.flat)
 
     def _shard_slice(self, b: Bucket) -> slice:
@@ -297,7 +427,8 @@ class ShardedOptimizer:
             shard = b.flat[self._shard_slice(b)].clone()
             lr = b.lr * lr_factor
             if b.kind == "adam":
-                shard -= lr * adam_update(b.grad, b.state["exp_avg"], b.state["exp_avg_sq"], self.steps,
+                grad = b.grad.to(b.state["exp_avg"].dtype)
+                shard -= lr * adam_update(grad, b.state["exp_avg"], b.state["exp_avg_sq"], self.steps,
                                           self.betas, self.eps)
             elif rank < len(b.params):  # ranks past the end of a short Muon bucket hold only padding
                 shape = b.params[rank].shape
@@ -312,13 +443,19 @@ class ShardedOptimizer:
                 p.grad = None
 
     @torch.no_grad()
+    def all_finite(self) -> Tensor:
+        """Whether every parameter is finite, as a device bool (no sync): a diverged run can keep a finite,
+        soft-capped loss for steps after its weights overflowed."""
+        return torch.stack([b.flat[:b.numel].isfinite().all() for b in self.buckets]).all()
+
+    @torch.no_grad()
     def state_dict(self) -> dict:
         """Full (unsharded) state per parameter, so a checkpoint resumes at any world size. Collective."""
         state = [{} for _ in self.params]
         i = 0
         for b in self.buckets:
             for name, shard in b.state.items():
-                full = torch.empty_like(b.flat)
+                full = b.flat.new_empty(b.flat.shape, dtype=shard.dtype)
                 self.comm.all_gather(full, shard).wait()
                 for j, t in enumerate(full[:b.numel].split([p.numel() for p in b.params])):
                     state[i + j][name] = t.view_as(b.params[j]).cpu().clone()
@@ -331,7 +468,7 @@ class ShardedOptimizer:
         i = 0
         for b in self.buckets:
             for name, shard in b.state.items():
-                full = torch.zeros_like(b.flat)
+                full = b.flat.new_zeros(b.flat.shape, dtype=shard.dtype)
                 full[:b.numel] = torch.cat([sd["state"][i + j][name].reshape(-1) for j in range(len(b.params))])
                 shard.copy_(full[self._shard_slice(b)])
             i += len(b.params)
@@ -344,15 +481,16 @@ def norm(x: Tensor) -> Tensor:
     return F.rms_norm(x, (x.size(-1),))
 
 
-def init_linear(out_features: int, in_features: int) -> Tensor:
+def init_uniform(shape: tuple, fan_in: int) -> Tensor:
     """Uniform with std 0.5/sqrt(fan_in) (the speedrun's CastedLinear init)."""
-    bound = 3**0.5 * 0.5 * in_features**-0.5
-    return torch.empty(out_features, in_features).uniform_(-bound, bound)
+    bound = 3**0.5 * 0.5 * fan_in**-0.5
+    return torch.empty(shape).uniform_(-bound, bound)
 
 
 class Rotary(nn.Module):
-    """RoPE on half of each head's dims: head_dim/4 frequencies from 1 down to 1/1024 turns per token, and
-    head_dim/4 zero frequencies, so half the dims carry position and half do not."""
+    """RoPE on half of each head's dims: head_dim/4 frequencies from 1 down to 1/1024 radians per token, and
+    head_dim/4 zero frequencies, so half the dims carry position and half do not. One instance serves every
+    layer (the tables for a 262K-token val sequence are 134 MB)."""
 
     def __init__(self, head_dim: int, max_len: int):
         super().__init__()
@@ -369,70 +507,79 @@ class Rotary(nn.Module):
 
 
 class Attention(nn.Module):
-    SCALE = 0.12  # softmax scale after QK-norm; the speedrun's tuned value (1/sqrt(128) would be 0.088)
+    SCALE = 0.12     # softmax scale after QK-norm; the speedrun's tuned value (1/sqrt(128) would be 0.088)
+    GATE_DIMS = 12   # the output gate reads the first 12 dims of the block's normed input (Aug 2025 record)
 
-    def __init__(self, dim: int, num_heads: int, head_dim: int, max_len: int, has_ve: bool):
+    def __init__(self, dim: int, num_heads: int, head_dim: int, rotary: Rotary, has_ve: bool):
         super().__init__()
-        assert num_heads * head_dim == dim, "q, k, v and out projections share one (4, dim, dim) parameter"
         self.num_heads, self.head_dim = num_heads, head_dim
-        qkvo = torch.stack([init_linear(dim, dim) for _ in range(4)])
+        qkvo = torch.stack([init_uniform((dim, dim), dim) for _ in range(4)])
         qkvo[3].zero_()  # output projection starts at zero: each block starts as the identity
         self.qkvo_w = nn.Parameter(qkvo)
-        if has_ve:  # mix of v and the value embedding
-            self.ve_lambdas = nn.Parameter(torch.tensor([0.5, 0.5]))
-        self.rotary = Rotary(head_dim, max_len)
+        # per head, sigmoid(gate_w @ x[:12]) scales the head's output; zero init: every gate starts at 0.5
+        self.gate_w = nn.Parameter(torch.zeros(num_heads, self.GATE_DIMS))
+        # v is scaled by v_lambdas[0]; layers with a value embedding add v_lambdas[1] * ve
+        self.v_lambdas = nn.Parameter(torch.tensor([0.5, 0.5] if has_ve else [0.5]))
+        self.rotary = rotary
 
-    def forward(self, x: Tensor, ve, docs: Tensor, window_blocks: Tensor) -> Tensor:
+    def forward(self, x: Tensor, ve, mask) -> Tensor:
         B, T = x.shape[:2]
         qkv = F.linear(x, self.qkvo_w[:3].flatten(0, 1).type_as(x))
         q, k, v = qkv.view(B, T, 3 * self.num_heads, self.head_dim).chunk(3, dim=2)
         q, k = self.rotary(norm(q)), self.rotary(norm(k))
+        v = self.v_lambdas[0] * v
         if ve is not None:
-            v = self.ve_lambdas[0] * v + self.ve_lambdas[1] * ve.view_as(v)
-        y = attention(q, k, v, docs, window_blocks, self.SCALE).reshape(B, T, -1)
+            v = v + self.v_lambdas[1] * ve.view_as(v)
+        y = attention(q, k, v, mask, self.SCALE)
+        gate = torch.sigmoid(F.linear(x[..., :self.GATE_DIMS], self.gate_w.type_as(x)))  # (B, T, heads)
+        y = (y * gate[..., None]).reshape(B, T, -1)
         return F.linear(y, self.qkvo_w[3].type_as(y))
 
 
 class MLP(nn.Module):
     def __init__(self, dim: int):
         super().__init__()
-        self.fc_w = nn.Parameter(init_linear(4 * dim, dim))
+        # both matrices are stored (dim, 4*dim), the up-projection applied transposed, so Muon's shape factor
+        # max(1, rows/cols)^0.5 is 1 for both and every hidden matrix trains at the same lr (Aug 2025 record)
+        self.fc_w = nn.Parameter(init_uniform((dim, 4 * dim), dim))
         self.proj_w = nn.Parameter(torch.zeros(dim, 4 * dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.linear(F.relu(F.linear(x, self.fc_w.type_as(x))).square(), self.proj_w.type_as(x))  # ReLU^2
+        return F.linear(F.relu(x @ self.fc_w.type_as(x)).square(), self.proj_w.type_as(x))  # ReLU^2
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, num_heads: int, head_dim: int, max_len: int, has_attn: bool, has_ve: bool,
+    def __init__(self, dim: int, num_heads: int, head_dim: int, rotary: Rotary, has_attn: bool, has_ve: bool,
                  long_window: bool):
         super().__init__()
-        self.attn = Attention(dim, num_heads, head_dim, max_len, has_ve) if has_attn else None
+        self.attn = Attention(dim, num_heads, head_dim, rotary, has_ve) if has_attn else None
         self.mlp = MLP(dim)
         self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0]))  # input = l0 * residual + l1 * embedding
         self.long_window = long_window
 
-    def forward(self, x: Tensor, x0: Tensor, ve, docs: Tensor, window_blocks: Tensor) -> Tensor:
+    def forward(self, x: Tensor, x0: Tensor, ve, mask) -> Tensor:
         x = self.lambdas[0] * x + self.lambdas[1] * x0
         if self.attn is not None:
-            window = window_blocks if self.long_window else torch.clamp(window_blocks // 2, min=1)
-            x = x + self.attn(norm(x), ve, docs, window)
+            x = x + self.attn(norm(x), ve, mask)
         return x + self.mlp(norm(x))
+
+
+def softcapped_logits(x: Tensor, head_w: Tensor) -> Tensor:
+    """The bf16 head: logits of the normed x, soft-capped into (0, 30), in fp32."""
+    return SOFTCAP * torch.sigmoid(F.linear(norm(x).bfloat16(), head_w.bfloat16()).float() / SOFTCAP_DIV)
 
 
 def head_loss(x: Tensor, head_w: Tensor, targets: Tensor, fp8: bool) -> Tensor:
     """Summed cross-entropy of the soft-capped logits. The sum (not mean) keeps logit grads within +-1,
     the range HEAD_GRAD_SCALE assumes; both optimizers are invariant to the loss's scale."""
-    x = norm(x).flatten(0, -2).bfloat16()
+    x = x.flatten(0, -2)
     if fp8:
-        logits = fp8_mm(x, head_w, x.size(-1) ** 0.5 / E4M3_MAX, HEAD_W_SCALE, HEAD_GRAD_SCALE)[0]
-    else:
-        logits = F.linear(x, head_w.bfloat16())
-    # soft-cap into (0, 30). The FlexAttention-era record divides by 7.5*sqrt(dim): its head (lr 0.22, weights up
-    # to 24) makes logits ~sqrt(dim) larger than the Jan 2025 head that /7.5 was tuned for; with /7.5 alone the
-    # cap saturated on an H200 (loss 13 at step 2, 8.6 after 50 steps).
-    logits = 30 * torch.sigmoid(logits.float() / (7.5 * x.size(-1) ** 0.5))
-    return F.cross_entropy(logits, targets, reduction="sum")
+        x = norm(x).bfloat16()
+        return fp8_head_loss(x, head_w, targets, x.size(-1) ** 0.5 / E4M3_MAX, HEAD_W_SCALE, HEAD_GRAD_SCALE)[0]
+    return F.cross_entropy(softcapped_logits(x, head_w), targets, reduction="sum")
+
+
+EVAL_CHUNK = 16384  # tokens per head_loss call in eval: a 262K-token val sequence's logits would take 52 GB
 
 
 class GPT(nn.Module):
@@ -440,13 +587,15 @@ class GPT(nn.Module):
         super().__init__()
         L, dim = cfg.num_layers, cfg.model_dim
         self.fp8_head = cfg.fp8_head
-        self.embed = nn.Embedding(cfg.vocab_size, dim)
+        # token and value embeddings are bf16 parameters, their Adam state too (Aug 2025 record)
+        self.embed = nn.Embedding(cfg.vocab_size, dim).bfloat16()
         # value embeddings: table i feeds layer i and layer L-n+i (the first and last n layers)
         self.num_ve = min(3, L // 2)
-        self.value_embeds = nn.ModuleList(nn.Embedding(cfg.vocab_size, dim) for _ in range(self.num_ve))
+        self.value_embeds = nn.ModuleList(nn.Embedding(cfg.vocab_size, dim).bfloat16() for _ in range(self.num_ve))
         self.ve_layers = [*range(self.num_ve), *range(L - self.num_ve, L)]
+        rotary = Rotary(cfg.head_dim, max(cfg.seq_len, cfg.val_seq_len))
         self.blocks = nn.ModuleList(
-            Block(dim, cfg.num_heads, cfg.head_dim, cfg.seq_len, i not in cfg.no_attn_layers, i in self.ve_layers,
+            Block(dim, cfg.num_heads, cfg.head_dim, rotary, i not in cfg.no_attn_layers, i in self.ve_layers,
                   i in cfg.long_window_layers) for i in range(L))
         self.skip_weights = nn.Parameter(torch.ones(L // 2))  # U-Net: layer L-1-i reads layer i's output
         self.head_w = nn.Parameter(torch.zeros(cfg.vocab_size, dim))
@@ -461,21 +610,34 @@ class GPT(nn.Module):
             block.compile(dynamic=False)
         self.head_loss = torch.compile(head_loss, dynamic=False)
 
-    def forward(self, idx: Tensor, targets: Tensor, window_blocks: Tensor) -> Tensor:
-        """idx, targets: (T,) token ids of one sequence. Returns the summed loss over its T tokens."""
+    def hidden(self, idx: Tensor, window_blocks: Tensor) -> Tensor:
+        """idx: (T,) token ids of one sequence. Returns the last block's output, (1, T, dim)."""
         L = len(self.blocks)
-        docs = (idx == BOS_ID).cumsum(0)
-        ve = [e(idx)[None].bfloat16() for e in self.value_embeds]
+        docs = document_ids(idx)
+        # long-window layers see window_blocks blocks back, the others half as many (at least one)
+        masks = {True: attention_mask(docs, window_blocks),
+                 False: attention_mask(docs, torch.clamp(window_blocks // 2, min=1))}
+        ve = [e(idx)[None] for e in self.value_embeds]
         ve_of_layer = ve + [None] * (L - 2 * self.num_ve) + ve
-        x = x0 = norm(self.embed(idx)[None].bfloat16())
+        x = x0 = norm(self.embed(idx)[None])
         skips = []
         for i, block in enumerate(self.blocks):
             if i >= L - L // 2:
                 x = x + self.skip_weights[L - 1 - i] * skips.pop()
-            x = block(x, x0, ve_of_layer[i], docs, window_blocks)
+            x = block(x, x0, ve_of_layer[i], masks[block.long_window])
             if i < L // 2:
                 skips.append(x)
-        return self.head_loss(x, self.head_w, targets.long(), self.fp8_head)
+        return x
+
+    def forward(self, idx: Tensor, targets: Tensor, window_blocks: Tensor) -> Tensor:
+        """idx, targets: (T,) token ids of one sequence. Returns the summed loss over its T tokens."""
+        x = self.hidden(idx, window_blocks)
+        targets = targets.long()
+        if self.training:
+            return self.head_loss(x, self.head_w, targets, self.fp8_head)
+        # validation as the record measures it: the bf16 head, in chunks (same sum, a fraction of the memory)
+        return sum(self.head_loss(xc, self.head_w, tc, False)
+                   for xc, tc in zip(x.flatten(0, -2).split(EVAL_CHUNK), targets.split(EVAL_CHUNK)))
 
 
 def param_groups(model: GPT, cfg: "Hyperparameters") -> tuple[list, list]:
@@ -498,7 +660,7 @@ DATA_HINT = ("get FineWeb shards with `python data/cached_fineweb10B.py 9`, or m
              "with `python data/tokenize_text.py`")
 
 
-class ShardFormatError(ValueError):
+class ShardFormatError(UserError):
     pass
 
 
@@ -528,13 +690,20 @@ def is_shard(path) -> bool:
 
 
 def load_shard(path: str) -> np.ndarray:
-    return np.fromfile(path, dtype="<u2", count=read_header(path), offset=HEADER_BYTES)
+    """A shard's tokens, checked to be GPT-2 ids: a larger id would crash the step that reaches it, and every
+    resume after it, with an IndexError that names no file."""
+    tokens = np.fromfile(path, dtype="<u2", count=read_header(path), offset=HEADER_BYTES)
+    if tokens.size and tokens.max() >= GPT2_VOCAB:
+        pos = int(np.argmax(tokens >= GPT2_VOCAB))
+        raise ShardFormatError(f"{path}: token {int(tokens[pos])} at position {pos:,} is not a GPT-2 id (< "
+                               f"{GPT2_VOCAB}). Check all shards with `python data/check.py FILES`; {DATA_HINT}")
+    return tokens
 
 
 def find_shards(pattern: str) -> list:
     files = sorted(glob.glob(pattern))
     if not files:
-        raise FileNotFoundError(f"no shards match {pattern!r}: {DATA_HINT}")
+        raise ShardFormatError(f"no shards match {pattern!r}: {DATA_HINT}")
     for f in files:
         read_header(f)  # fail before training, not an hour into it
     return files
@@ -578,6 +747,7 @@ class TrainLoader:
 
 
 def load_val_tokens(pattern: str, num_tokens: int) -> Tensor:
+    """The first num_tokens (+1, the last target) tokens of the val shards, in order."""
     tokens, have = [], 0
     for f in find_shards(pattern):
         tokens.append(load_shard(f)[:num_tokens + 1 - have])
@@ -600,29 +770,34 @@ class Hyperparameters:
     # data
     train_files: str = H("data/fineweb10B/fineweb_train_*.bin", "glob of training shards")
     val_files: str = H("data/fineweb10B/fineweb_val_*.bin", "glob of validation shards")
-    val_tokens: int = H(10_485_760, "val tokens scored each time, rounded down to whole sequences (speedrun: 10M)")
-    seq_len: int = H(48 * 1024, "tokens per GPU per micro-step, a multiple of 128 (speedrun: 48K)")
-    batch_seqs: int = H(8, "sequences per optimizer step over all GPUs; 8 x 48K = 393,216 tokens (speedrun)")
+    val_tokens: int = H(10_485_760, "the first this many val tokens are scored, in whole --val_seq_len sequences "
+                                    "(record: 10,485,760 = 40 x 262,144)")
+    val_seq_len: int = H(4 * 64 * 1024, "tokens per val sequence, a multiple of 128 (record: 262,144)")
+    seq_len: int = H(48 * 1024, "tokens per GPU per micro-step, a multiple of 128 (record: 48K)")
+    batch_seqs: int = H(8, "sequences per optimizer step over all GPUs; 8 x 48K = 393,216 tokens (record)")
     # schedule
-    num_steps: int = H(1695, "optimizer steps (speedrun record of Aug 2025)")
+    num_steps: int = H(1695, "optimizer steps (record of Aug 2025)")
     cooldown_frac: float = H(0.45, "last fraction of steps over which lr falls linearly to 0.1x")
-    max_window: int = H(1792, "sliding-window tokens at the end; it grows linearly from 128 (speedrun)")
+    max_window: int = H(1792, "sliding-window tokens at the end; it grows from 128 in 128-token blocks (record)")
     val_every: int = H(125, "steps between validations; 0 = only at the end")
-    target_val_loss: float = H(3.28, "stop as soon as val loss <= this (GPT-2 small's FineWeb loss in llm.c)")
+    target_val_loss: float = H(3.28, "the speedrun's target (GPT-2 small's FineWeb loss in llm.c); the log notes "
+                                     "the first val at or below it")
+    stop_at_target: bool = H(False, "stop at the first val <= target_val_loss. Off by default: logs that stop "
+                                    "there sit below the target by construction and bias a record's mean")
     # model (shrink these for smoke runs)
     vocab_size: int = H(50304, "GPT-2's 50257 tokens padded to a multiple of 128 for fast matmuls")
     num_layers: int = H(12, "transformer blocks")
     model_dim: int = H(768, "residual width")
     num_heads: int = H(6, "attention heads; num_heads * head_dim must equal model_dim")
     head_dim: int = H(128, "dims per head")
-    long_window_layers: tuple = H((0, 4, 7, 11), "layers with the full window; the others get half (speedrun)")
-    no_attn_layers: tuple = H((7,), "layers without attention, MLP only (speedrun drops layer 7's)")
-    fp8_head: bool = H(True, "lm_head matmuls in FP8 (e4m3 forward, e5m2 grads)")
-    # optimizer (speedrun constants)
+    long_window_layers: tuple = H((0, 4, 7, 11), "layers with the full window; the others get half (record)")
+    no_attn_layers: tuple = H((7,), "layers without attention, MLP only (record: layer 7)")
+    fp8_head: bool = H(True, "lm_head matmuls in FP8 while training (e4m3 forward, e5m2 grads); bf16 in eval")
+    # optimizer (Aug 2025 record)
     muon_lr: float = H(0.05, "Muon lr for hidden matrices")
-    head_lr: float = H(0.22, "Adam lr for lm_head")
+    head_lr: float = H(0.008, "Adam lr for lm_head")
     embed_lr: float = H(0.6, "Adam lr for token and value embeddings")
-    scalar_lr: float = H(0.04, "Adam lr for the scalar gates")
+    scalar_lr: float = H(0.04, "Adam lr for the scalar gates and lambdas")
     adam_beta1: float = H(0.8, "Adam beta1")
     adam_beta2: float = H(0.95, "Adam beta2")
     adam_eps: float = H(1e-10, "Adam epsilon; tiny so the update does not depend on the loss scale")
@@ -635,21 +810,73 @@ class Hyperparameters:
     log_dir: str = H("logs", "where <run_id>.txt and checkpoints go")
     run_id: str = H("", "log file name; default: a fresh uuid")
     save_every: int = H(0, "save a checkpoint every this many steps and at the end; 0 = never")
+    keep_last: int = H(2, "after each save, delete this run's older checkpoints but the newest this many; 0 = keep all")
     resume: str = H("", "checkpoint to continue from, with identical data order, schedule and optimizer state")
+    profile_steps: tuple = H((), "A,B: profile train steps A..B (CUDA) into <log_dir>/<run_id>_profile.txt: GPU "
+                                 "time per kernel category and the top kernels")
+
+
+# settings that may differ between a checkpoint and the run resuming it: none of them changes the training
+RESUME_FREE = ("log_dir", "run_id", "val_every", "save_every", "keep_last", "warmup_steps", "resume",
+               "target_val_loss", "stop_at_target", "profile_steps")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not the usage of 40 flags
+        self.exit(2, f"error: {message} (`python train_gpt.py --help` lists every flag)\n")
+
+
+def parse_bool(s: str) -> bool:
+    value = {"1": True, "true": True, "0": False, "false": False}.get(s.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected 1, 0, true or false, not {s!r}")
+    return value
+
+
+def parse_layers(s: str) -> tuple:
+    try:
+        return tuple(int(v) for v in s.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer numbers, not {s!r}") from None
 
 
 def parse_args(argv=None) -> Hyperparameters:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(Hyperparameters):
-        if isinstance(f.default, bool):
-            kind = lambda s: {"1": True, "true": True, "0": False, "false": False}[s.lower()]
-        elif isinstance(f.default, tuple):
-            kind = lambda s: tuple(int(v) for v in s.split(",") if v.strip())
-        else:
-            kind = type(f.default)
-        parser.add_argument(f"--{f.name}", type=kind, default=f.default, help=f"{f.metadata['help']} "
-                            f"(default: {','.join(map(str, f.default)) if isinstance(f.default, tuple) else f.default})")
+        kind = {bool: parse_bool, tuple: parse_layers}.get(type(f.default), type(f.default))
+        shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
+        parser.add_argument(f"--{f.name}", type=kind, default=f.default, help=f"{f.metadata['help']} (default: {shown})")
     return Hyperparameters(**vars(parser.parse_args(argv)))
+
+
+def check_config(cfg: Hyperparameters):
+    """Refuse settings that cannot train, before anything is built."""
+    for name in ["num_steps", "seq_len", "val_seq_len", "batch_seqs", "val_tokens", "momentum_warmup_steps",
+                 "num_layers", "model_dim", "num_heads", "head_dim", "max_window"]:
+        if getattr(cfg, name) <= 0:
+            raise UserError(f"--{name} must be positive (it is {getattr(cfg, name)})")
+    for name in ["val_every", "save_every", "keep_last", "warmup_steps"]:
+        if getattr(cfg, name) < 0:
+            raise UserError(f"--{name} must be 0 or more (it is {getattr(cfg, name)})")
+    for name in ["seq_len", "val_seq_len", "max_window"]:
+        if getattr(cfg, name) % MASK_BLOCK:
+            raise UserError(f"--{name} {getattr(cfg, name)} must be a multiple of {MASK_BLOCK}")
+    if cfg.num_heads * cfg.head_dim != cfg.model_dim:
+        raise UserError(f"--num_heads {cfg.num_heads} x --head_dim {cfg.head_dim} = {cfg.num_heads * cfg.head_dim}, "
+                        f"but --model_dim is {cfg.model_dim}: they must be equal")
+    if cfg.head_dim % 4 or cfg.model_dim < Attention.GATE_DIMS:
+        raise UserError(f"--head_dim must be a multiple of 4 and --model_dim at least {Attention.GATE_DIMS}")
+    if cfg.vocab_size < GPT2_VOCAB:
+        raise UserError(f"--vocab_size {cfg.vocab_size} is smaller than GPT-2's {GPT2_VOCAB} tokens")
+    if cfg.val_tokens < cfg.val_seq_len:
+        raise UserError(f"--val_tokens {cfg.val_tokens} is less than one val sequence (--val_seq_len {cfg.val_seq_len})")
+    bad = [i for i in (*cfg.long_window_layers, *cfg.no_attn_layers) if not 0 <= i < cfg.num_layers]
+    if bad:
+        raise UserError(f"layers {bad} in --long_window_layers/--no_attn_layers do not exist (0..{cfg.num_layers - 1})")
+    if cfg.profile_steps and not (len(cfg.profile_steps) == 2 and 0 <= cfg.profile_steps[0] <= cfg.profile_steps[1]):
+        raise UserError(f"--profile_steps takes two steps A,B with A <= B (it is {cfg.profile_steps})")
+    if not 0 <= cfg.cooldown_frac <= 1:
+        raise UserError(f"--cooldown_frac must be within 0..1 (it is {cfg.cooldown_frac})")
 
 
 def lr_factor(step: int, cfg: Hyperparameters) -> float:
@@ -661,11 +888,20 @@ def lr_factor(step: int, cfg: Hyperparameters) -> float:
     return w + (1 - w) * 0.1
 
 
-def window_blocks(step: int, cfg: Hyperparameters) -> int:
-    """Sliding window in 128-token blocks, from 1 block at step 0 to max_window at the end."""
-    top = cfg.max_window // MASK_BLOCK
-    return round(1 + (top - 1) * min(step / cfg.num_steps, 1.0))
+def muon_momentum(step: int, cfg: Hyperparameters) -> float:
+    """0.85 rising linearly to 0.95 over the first momentum_warmup_steps steps."""
+    return 0.85 + 0.10 * min(step / cfg.momentum_warmup_steps, 1.0)
 
+
+def window_blocks(step: int, cfg: Hyperparameters) -> int:
+    """Sliding window in 128-token blocks: the record's (max_window - 64) * step/num_steps tokens rounded up to a
+    whole block, at least one. For 1792 that is ceil(13.5 * step/N): 1 block at the start, 14 in the last 1/27."""
+    tokens_x_steps = (cfg.max_window - MASK_BLOCK // 2) * step
+    return max(1, -(-tokens_x_steps // (MASK_BLOCK * cfg.num_steps)))  # exact integer ceil
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Logs and checkpoints
 
 def log_line(**fields) -> str:
     """The one log format: `key:value` pairs, read back by regex (records/tool.py)."""
@@ -697,23 +933,111 @@ def environment() -> str:
     return "\n".join(lines)
 
 
+def source_sha256() -> str:
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+
+
+def config_diff(saved: dict, now: dict) -> dict:
+    """Settings that differ between a checkpoint's config and this run's: {name: (saved, now)}."""
+    saved, now = (json.loads(json.dumps(c)) for c in (saved, now))  # tuples and lists compare alike
+    return {k: (saved.get(k), now.get(k)) for k in sorted(saved.keys() | now.keys()) if saved.get(k) != now.get(k)}
+
+
+def write_durably(obj, path: Path):
+    """torch.save to path.tmp, fsync, rename over path, fsync the folder: after a crash or power loss the
+    checkpoint is either complete or absent, never half-written, and an older one is never touched."""
+    tmp = path.with_suffix(".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+CHECKPOINT_KEYS = {"model", "optimizer", "loader", "step", "train_ms", "config", "source_sha256"}
+
+
 # ----------------------------------------------------------------------------------------------------------
-# main
+# The training steps: each takes the Trainer that build() sets up
+
+class Stopwatch:
+    """Training time in ms; stopped while validating and checkpointing. Synchronizes the GPU at each start and
+    stop, so queued work is counted where it runs."""
+
+    def __init__(self, device: torch.device, ms: float = 0.0):
+        self.device, self.ms, self.t0 = device, ms, None
+
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def start(self):
+        self._sync()
+        self.t0 = time.perf_counter()
+
+    def stop(self):
+        self._sync()
+        self.ms += (time.perf_counter() - self.t0) * 1000
+        self.t0 = None
+
+    def elapsed_ms(self) -> float:
+        return self.ms + (0.0 if self.t0 is None else (time.perf_counter() - self.t0) * 1000)
+
+
+@dataclass
+class Trainer:
+    cfg: Hyperparameters
+    comm: Comm
+    device: torch.device
+    model: GPT
+    opt: ShardedOptimizer
+    train_loader: TrainLoader
+    val_tokens: Tensor
+    run_id: str
+    log_path: Path
+    clock: Stopwatch
+    step: int = 0                 # optimizer steps done
+    last_checkpoint: str = ""     # the newest complete checkpoint of this run
+    reached_target: bool = False
+    log_open: bool = False
+    windows: dict = field(default_factory=dict)
+    profiler: object = None
+
+    def log(self, line: str):
+        if self.comm.rank == 0:
+            print(line, flush=True)
+            if self.log_open:
+                with open(self.log_path, "a") as f:
+                    f.write(line + "\n")
+
+    def window(self, step: int) -> Tensor:
+        """The step's window as a device tensor, one per size: a new value is new data, not a new graph."""
+        blocks = window_blocks(step, self.cfg)
+        if blocks not in self.windows:
+            self.windows[blocks] = torch.tensor(blocks, dtype=torch.int32, device=self.device)
+        return self.windows[blocks]
+
 
 def setup(cfg: Hyperparameters):
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if cfg.batch_seqs % world:
-        sys.exit(f"error: {world} processes cannot split a batch of {cfg.batch_seqs} sequences evenly; "
-                 f"launch with --nproc_per_node in 1, 2, 4, 8 (a divisor of --batch_seqs).")
-    if cfg.seq_len % MASK_BLOCK:
-        sys.exit(f"error: --seq_len {cfg.seq_len} must be a multiple of {MASK_BLOCK}.")
-    if cfg.val_tokens < cfg.seq_len:
-        sys.exit(f"error: --val_tokens {cfg.val_tokens} is less than one sequence (--seq_len {cfg.seq_len}).")
+        counts = ", ".join(str(n) for n in range(1, cfg.batch_seqs + 1) if cfg.batch_seqs % n == 0)
+        raise UserError(f"{world} processes cannot split a batch of {cfg.batch_seqs} sequences evenly; launch "
+                        f"with --nproc_per_node (x nodes) in {counts}, the divisors of --batch_seqs")
     if cfg.device == "cuda":
         if not torch.cuda.is_available():
-            sys.exit("error: no CUDA GPU is visible. train_gpt.py needs one per process; "
-                     "for a tiny CPU smoke run pass --device cpu and a small model (see README).")
+            raise UserError("no CUDA GPU is visible. train_gpt.py needs one per process; for a tiny CPU smoke run "
+                            "pass --device cpu and a small model (README.md, 'CPU smoke run')")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
@@ -724,140 +1048,373 @@ def setup(cfg: Hyperparameters):
     return rank, world, device
 
 
-def main(argv=None):
-    cfg = parse_args(argv)
+def check_log_dir(cfg: Hyperparameters, log_path: Path, comm: Comm):
+    """Rank 0 writes the log: refuse a folder it cannot write, and a log that exists (logs are only appended:
+    a new run must not overwrite an old one's)."""
+    problem = ""
+    if comm.rank == 0:
+        try:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path.parent / f".{log_path.stem}.probe", "w"):
+                pass
+            (log_path.parent / f".{log_path.stem}.probe").unlink()
+        except OSError as e:
+            problem = f"cannot write to --log_dir {cfg.log_dir!r} ({e.strerror or e}); pick a writable folder"
+        if not problem and log_path.exists() and not cfg.resume:
+            problem = (f"{log_path} exists: pass another --run_id, or --resume one of its checkpoints to "
+                       f"continue it")
+    if not comm.all_ok(not problem):
+        raise UserError(problem or "rank 0 cannot write the log")
+
+
+def load_checkpoint(t: Trainer, path: str):
+    """Continue from a checkpoint: every rank reads it (weights only: a checkpoint never runs code) and all of
+    them must succeed; its settings must equal this run's but for RESUME_FREE."""
+    cfg, ckpt, problem = t.cfg, None, ""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(ckpt, dict) or not CHECKPOINT_KEYS <= ckpt.keys():
+            problem = "not a checkpoint written by train_gpt.py"
+    except FileNotFoundError:
+        problem = "no such file"
+    except Exception as e:  # truncated zip, foreign pickle, a pickled object that is not plain data
+        problem = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'unreadable'}"
+    if not t.comm.all_ok(not problem):
+        raise UserError(f"cannot read checkpoint {path}: {problem or 'another rank could not read it'}. Pass a "
+                        f"complete checkpoint of train_gpt.py, at a path every rank can read (with several "
+                        f"nodes: a shared file system, or a copy at the same path on each node)")
+    diff = {k: v for k, v in config_diff(ckpt["config"], dataclasses.asdict(cfg)).items() if k not in RESUME_FREE}
+    if diff:
+        listed = "; ".join(f"{k}: {old!r} in the checkpoint, {new!r} now" for k, (old, new) in diff.items())
+        raise UserError(f"checkpoint {path} belongs to another run: {listed}. Resume with its settings (only "
+                        f"{', '.join(RESUME_FREE)} may change)")
+    if ckpt["step"] >= cfg.num_steps:
+        raise UserError(f"checkpoint {path} is at step {ckpt['step']}, the run's last (--num_steps "
+                        f"{cfg.num_steps}): there is nothing left to train")
+    try:
+        t.model.load_state_dict(ckpt["model"])
+        t.opt.load_state_dict(ckpt["optimizer"])
+        t.train_loader.load_state(ckpt["loader"])
+    except (RuntimeError, KeyError, IndexError, ValueError) as e:
+        raise UserError(f"checkpoint {path} does not fit this model: {str(e).strip().splitlines()[0]}") from None
+    t.step, t.clock.ms, t.last_checkpoint = ckpt["step"], ckpt["train_ms"], path
+    return ckpt
+
+
+def open_log(t: Trainer, ckpt):
+    """A new run starts its log with the source, environment and config; a resumed one appends to it."""
+    cfg = t.cfg
+    if t.comm.rank == 0:
+        print(f"log: {t.log_path}", flush=True)
+        if not t.log_path.exists():
+            start_log(t.log_path, __file__)
+        for stale in t.log_path.parent.glob(f"{t.run_id}_step*.tmp"):  # a save that a crash interrupted
+            stale.unlink()
+    t.log_open = True
+    if ckpt is None:
+        t.log(log_line(config=json.dumps(dataclasses.asdict(cfg), separators=(",", ":")),
+                       world_size=t.comm.world, run_id=t.run_id))
+        return
+    changed = {k: new for k, (_, new) in config_diff(ckpt["config"], dataclasses.asdict(cfg)).items()}
+    t.log(log_line(resumed_from=cfg.resume, step=t.step, world_size=t.comm.world,
+                   changed=json.dumps(changed, separators=(",", ":"))))
+    if ckpt["source_sha256"] != source_sha256():
+        t.log(log_line(warning="resumed_with_changed_source", checkpoint_sha256=ckpt["source_sha256"][:16],
+                       source_sha256=source_sha256()[:16]))
+
+
+def build(cfg: Hyperparameters) -> Trainer:
+    """Everything that can fail on the user's input, before the log is created: flags, launch, log folder,
+    data, checkpoint."""
+    check_config(cfg)
     rank, world, device = setup(cfg)
-    comm, master = Comm(rank, world), rank == 0
+    comm = Comm(rank, world, device)
+    notes = []
+    if cfg.fp8_head and device.type == "cuda" and not has_fp8_tensor_cores(torch.cuda.get_device_capability(device)):
+        cfg = dataclasses.replace(cfg, fp8_head=False)  # emulated FP8 would be slower than bf16
+        notes.append(log_line(note="fp8_head_off", why=f"{torch.cuda.get_device_name(device).replace(' ', '_')}"
+                                   f"_has_no_FP8_tensor_cores"))
     run_id = cfg.run_id or str(uuid.uuid4())
     log_path = Path(cfg.log_dir) / f"{run_id}.txt"
-    if master:
-        start_log(log_path, __file__)
-
-    def log(line: str):
-        if master:
-            print(line, flush=True)
-            with open(log_path, "a") as f:
-                f.write(line + "\n")
-
-    log(log_line(config=json.dumps(dataclasses.asdict(cfg), separators=(",", ":")), world_size=world, run_id=run_id))
+    check_log_dir(cfg, log_path, comm)
+    train_loader = TrainLoader(cfg.train_files, cfg.seq_len, cfg.batch_seqs, rank, world)
+    val_tokens = load_val_tokens(cfg.val_files, cfg.val_tokens // cfg.val_seq_len * cfg.val_seq_len)
     torch.manual_seed(cfg.seed)
     model = GPT(cfg).to(device)
     muon_params, adam_groups = param_groups(model, cfg)
     opt = ShardedOptimizer(muon_params, cfg.muon_lr, adam_groups, (cfg.adam_beta1, cfg.adam_beta2),
                            cfg.adam_eps, comm)
+    t = Trainer(cfg, comm, device, model, opt, train_loader, val_tokens, run_id, log_path, Stopwatch(device))
+    ckpt = load_checkpoint(t, cfg.resume) if cfg.resume else None
     if cfg.compile and device.type == "cuda":
         model.compile_regions()
-    train_loader = TrainLoader(cfg.train_files, cfg.seq_len, cfg.batch_seqs, rank, world)
-    num_val_seqs = cfg.val_tokens // cfg.seq_len
-    val_tokens = load_val_tokens(cfg.val_files, num_val_seqs * cfg.seq_len)
-    windows = {}  # window sizes as device tensors: a new value is new data, not a new graph
+    open_log(t, ckpt)
+    for note in notes:
+        t.log(note)
+    return t
 
-    def window(step: int) -> Tensor:
-        blocks = window_blocks(step, cfg)
-        if blocks not in windows:
-            windows[blocks] = torch.tensor(blocks, dtype=torch.int32, device=device)
-        return windows[blocks]
 
-    def train_step(step: int) -> float:
-        frac = min(step / cfg.momentum_warmup_steps, 1.0)
-        seqs = train_loader.next_batch()
-        loss = 0.0
-        for i, seq in enumerate(seqs):
-            seq = seq.to(device, non_blocking=True)
-            opt.reduce_in_backward = i == len(seqs) - 1
-            micro_loss = model(seq[:-1], seq[1:], window(step))
-            micro_loss.backward()
-            loss += micro_loss.detach()
-        opt.step(lr_factor(step, cfg), 0.85 + 0.10 * frac)
-        total = torch.stack([loss, torch.tensor(len(seqs) * cfg.seq_len, device=device, dtype=loss.dtype)])
-        if world > 1:
-            dist.all_reduce(total)
-        return (total[0] / total[1]).item()
+def train_step(t: Trainer, step: int) -> float:
+    """One optimizer step over batch_seqs sequences (this rank's share, one per micro-step); returns the mean
+    train loss, and stops the run at the first non-finite one."""
+    cfg = t.cfg
+    window = t.window(step)
+    loss = torch.zeros((), device=t.device)
+    seqs = t.train_loader.next_batch()
+    for i, seq in enumerate(seqs):
+        seq = seq.to(t.device, non_blocking=True)
+        t.opt.reduce_in_backward = i == len(seqs) - 1  # the last micro-step's grads are final: reduce them now
+        micro_loss = t.model(seq[:-1], seq[1:], window)
+        micro_loss.backward()
+        loss += micro_loss.detach()
+    t.opt.step(lr_factor(step, cfg), muon_momentum(step, cfg))
+    stats = torch.stack([loss, t.opt.all_finite().float()])
+    if t.comm.world > 1:
+        dist.all_reduce(stats)
+    loss_sum, finite = stats.tolist()  # the step's one host sync
+    train_loss, t.step = loss_sum / (cfg.batch_seqs * cfg.seq_len), step + 1
+    if not math.isfinite(train_loss) or finite < t.comm.world:
+        what = "the parameters" if math.isfinite(train_loss) else f"the train loss ({train_loss})"
+        raise UserError(f"{what} became non-finite at step {t.step}: the run diverged. Newest good checkpoint: "
+                        f"{t.last_checkpoint or 'none'}. Start again with lower learning rates")
+    return train_loss
 
-    @torch.no_grad()
-    def validate(step: int) -> float:
-        model.eval()
-        total = torch.zeros(2, device=device)
-        for i in range(rank, num_val_seqs, world):
-            seq = val_tokens[i * cfg.seq_len:(i + 1) * cfg.seq_len + 1].to(device)
-            total[0] += model(seq[:-1], seq[1:], window(step))
-            total[1] += cfg.seq_len
-        if world > 1:
-            dist.all_reduce(total)
-        model.train()
-        return (total[0] / total[1]).item()
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+def log_train(t: Trainer, train_loss: float):
+    ms, n = t.clock.elapsed_ms(), t.cfg.num_steps
+    t.log(log_line(step=f"{t.step}/{n}", train_loss=f"{train_loss:.4f}", train_time=f"{ms:.0f}ms",
+                   step_avg=f"{ms / t.step:.2f}ms", eta=f"{ms / t.step * (n - t.step) / 1000:.0f}s"))
 
-    start_step, train_ms = 0, 0.0
-    if cfg.resume:
-        ckpt = torch.load(cfg.resume, map_location=device, weights_only=False)
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        train_loader.load_state(ckpt["loader"])
-        start_step, train_ms = ckpt["step"], ckpt["train_ms"]
-        log(log_line(resumed_from=cfg.resume, step=start_step))
 
-    if cfg.warmup_steps and start_step < cfg.num_steps:
-        # compile and autotune on real batches, then put everything back: the timed run starts clean
-        saved = copy.deepcopy((model.state_dict(), [b.state for b in opt.buckets], opt.steps, train_loader.state()))
-        t0 = time.perf_counter()
-        for i in range(cfg.warmup_steps):
-            train_step(start_step + i)
-        model.load_state_dict(saved[0])
-        for b, state in zip(opt.buckets, saved[1]):
-            b.state = state
-        opt.steps = saved[2]
-        train_loader.load_state(saved[3])
-        sync()
-        log(log_line(warmup_steps=cfg.warmup_steps, warmup_time=f"{(time.perf_counter() - t0) * 1000:.0f}ms"))
+@torch.no_grad()
+def validate(t: Trainer, step: int) -> bool:
+    """Mean loss over the first val_tokens val tokens, in val_seq_len sequences split over the ranks, with the
+    bf16 head, as the record measures it. Logs it; returns whether it is at or below the target."""
+    cfg = t.cfg
+    t.clock.stop()
+    t.model.eval()
+    total = torch.zeros(2, device=t.device)
+    for i in range(t.comm.rank, len(t.val_tokens) // cfg.val_seq_len, t.comm.world):
+        seq = t.val_tokens[i * cfg.val_seq_len:(i + 1) * cfg.val_seq_len + 1].to(t.device)
+        total[0] += t.model(seq[:-1], seq[1:], t.window(step))
+        total[1] += cfg.val_seq_len
+    if t.comm.world > 1:
+        dist.all_reduce(total)
+    t.model.train()
+    val_loss = (total[0] / total[1]).item()
+    t.log(log_line(step=f"{step}/{cfg.num_steps}", val_loss=f"{val_loss:.4f}", train_time=f"{t.clock.ms:.0f}ms",
+                   step_avg=f"{t.clock.ms / max(step, 1):.2f}ms"))
+    if not math.isfinite(val_loss):
+        raise UserError(f"val loss is {val_loss} at step {step}: the run diverged. Newest good checkpoint: "
+                        f"{t.last_checkpoint or 'none'}. Start again with lower learning rates")
+    reached = val_loss <= cfg.target_val_loss
+    if reached and not t.reached_target:
+        t.reached_target = True
+        t.log(log_line(reached_target=cfg.target_val_loss, at_step=step, train_time=f"{t.clock.ms:.0f}ms"))
+    t.clock.start()
+    return reached
 
-    def save_checkpoint(step: int):
-        ckpt = {"model": model.state_dict(), "optimizer": opt.state_dict(), "loader": train_loader.state(),
-                "step": step, "train_ms": train_ms, "config": dataclasses.asdict(cfg)}
-        if master:
-            path = Path(cfg.log_dir) / f"{run_id}_step{step:06d}.pt"
-            torch.save(ckpt, path.with_suffix(".tmp"))
-            os.replace(path.with_suffix(".tmp"), path)  # atomic: a crash never leaves a half-written checkpoint
-            log(log_line(checkpoint=path))
 
-    sync()
-    t0 = time.perf_counter()
-    for step in range(start_step, cfg.num_steps + 1):
-        last_step = step == cfg.num_steps
-        if last_step or (cfg.val_every and step % cfg.val_every == 0):
-            sync()
-            train_ms += (time.perf_counter() - t0) * 1000
-            val_loss = validate(step)
-            log(log_line(step=f"{step}/{cfg.num_steps}", val_loss=f"{val_loss:.4f}", train_time=f"{train_ms:.0f}ms",
-                         step_avg=f"{train_ms / max(step - start_step, 1):.2f}ms"))
-            if val_loss <= cfg.target_val_loss and not last_step:
-                log(log_line(step=f"{step}/{cfg.num_steps}", reached_target=cfg.target_val_loss))
-                last_step = True
-            sync()
-            t0 = time.perf_counter()
-        if last_step:
-            if cfg.save_every:
-                save_checkpoint(step)
-            break
-        train_loss = train_step(step)
-        now_ms = train_ms + (time.perf_counter() - t0) * 1000
-        log(log_line(step=f"{step + 1}/{cfg.num_steps}", train_loss=f"{train_loss:.4f}",
-                     train_time=f"{now_ms:.0f}ms", step_avg=f"{now_ms / (step + 1 - start_step):.2f}ms"))
-        if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.num_steps:
-            sync()
-            train_ms += (time.perf_counter() - t0) * 1000
-            save_checkpoint(step + 1)
-            t0 = time.perf_counter()
+def save_checkpoint(t: Trainer):
+    """A checkpoint of everything a bitwise-identical continuation needs. Collective: every rank builds the
+    unsharded optimizer state, rank 0 writes it, and all stop together if the write fails."""
+    cfg = t.cfg
+    t.clock.stop()
+    if not all(torch.isfinite(p).all() for p in t.model.parameters()):
+        raise UserError(f"non-finite parameters at step {t.step}: the run diverged and no checkpoint was written. "
+                        f"Newest good checkpoint: {t.last_checkpoint or 'none'}")
+    ckpt = {"model": t.model.state_dict(), "optimizer": t.opt.state_dict(), "loader": t.train_loader.state(),
+            "step": t.step, "train_ms": t.clock.ms, "config": dataclasses.asdict(cfg),
+            "source_sha256": source_sha256()}
+    path = Path(cfg.log_dir) / f"{t.run_id}_step{t.step:06d}.pt"
+    problem = ""
+    if t.comm.rank == 0:
+        try:
+            write_durably(ckpt, path)
+        except OSError as e:
+            problem = e.strerror or str(e)
+    if not t.comm.all_ok(not problem):
+        raise UserError(f"could not write checkpoint {path} ({problem or 'rank 0 failed'}); the newest complete "
+                        f"one, {t.last_checkpoint or 'none'}, is intact. Free disk space or point --log_dir elsewhere")
+    t.last_checkpoint = str(path)
+    t.log(log_line(checkpoint=path))
+    if t.comm.rank == 0 and cfg.keep_last:
+        for old in sorted(path.parent.glob(f"{t.run_id}_step*.pt"))[:-cfg.keep_last]:
+            if old != path:
+                old.unlink()
+    t.clock.start()
 
-    if device.type == "cuda":
-        log(log_line(peak_memory=f"{torch.cuda.max_memory_allocated() // 2**20}MiB",
-                     reserved_memory=f"{torch.cuda.max_memory_reserved() // 2**20}MiB"))
-    if world > 1:
-        dist.destroy_process_group()
-    return log_path
+
+# GPU kernels by name, first match wins: where a step's time goes (--profile_steps)
+KERNEL_CATEGORIES = [("softcap CE (Triton)", r"_softcap_ce"), ("FlexAttention", r"flex|triton_tem"),
+                     ("FP8 GEMM", r"f8|e4m3|e5m2|fp8"), ("bf16 GEMM", r"gemm|xmma|cutlass|nvjet|sm90_|cublas"),
+                     ("NCCL", r"nccl"), ("Triton fused (compiled)", r"triton"),
+                     ("copies and fills", r"[Mm]emcpy|[Mm]emset|copy|fill"), ("other", r"")]
+
+
+@contextlib.contextmanager
+def profiled(t: Trainer, step: int):
+    """Under --profile_steps A,B: torch.profiler from train step A through B, then a table of GPU time per
+    kernel category and the 25 costliest kernels, per step, in <log_dir>/<run_id>_profile.txt."""
+    first, last = t.cfg.profile_steps or (-1, -1)
+    if step == first and t.device.type == "cuda":
+        t.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+        t.profiler.__enter__()
+    yield
+    if step == last and t.profiler is not None:
+        t.clock.stop()  # summarizing takes seconds: not training time
+        t.profiler.__exit__(None, None, None)
+        steps = last - first + 1
+        kernels = [(e.key, e.self_device_time_total / 1000 / steps) for e in t.profiler.key_averages()
+                   if e.self_device_time_total > 0]
+        by_category = {name: 0.0 for name, _ in KERNEL_CATEGORIES}
+        for key, ms in kernels:
+            by_category[next(name for name, rule in KERNEL_CATEGORIES if re.search(rule, key))] += ms
+        lines = [f"GPU time per train step, steps {first}..{last} (rank {t.comm.rank}): "
+                 f"{sum(ms for _, ms in kernels):.1f} ms of kernels; step_avg so far {t.clock.ms / max(t.step, 1):.1f} ms"]
+        lines += [f"{name:<26} {ms:9.2f} ms" for name, ms in by_category.items()]
+        lines += ["", "costliest kernels (ms per step):"]
+        lines += [f"{ms:9.2f}  {key[:150]}" for key, ms in sorted(kernels, key=lambda k: -k[1])[:25]]
+        if t.comm.rank == 0:
+            path = Path(t.cfg.log_dir) / f"{t.run_id}_profile.txt"
+            path.write_text("\n".join(lines) + "\n")
+            t.log(log_line(profile=path))
+        t.profiler = None
+        t.clock.start()
+
+
+def warm_up(t: Trainer):
+    """Compile and autotune on real batches, then put everything back: the timed run starts clean."""
+    cfg = t.cfg
+    if not cfg.warmup_steps:
+        return
+    saved = copy.deepcopy((t.model.state_dict(), [b.state for b in t.opt.buckets], t.opt.steps,
+                           t.train_loader.state(), t.step))
+    start = time.perf_counter()
+    for i in range(cfg.warmup_steps):
+        train_step(t, min(saved[4] + i, cfg.num_steps - 1))
+        t.log(log_line(warmup_step=f"{i + 1}/{cfg.warmup_steps}", time=f"{time.perf_counter() - start:.0f}s"))
+    t.model.load_state_dict(saved[0])
+    for b, state in zip(t.opt.buckets, saved[1]):
+        b.state = state
+    t.opt.steps, t.step = saved[2], saved[4]
+    t.train_loader.load_state(saved[3])
+    t.log(log_line(warmup_steps=cfg.warmup_steps, warmup_time=f"{(time.perf_counter() - start) * 1000:.0f}ms"))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Sampling from a checkpoint: python train_gpt.py --generate CKPT --prompt "..."
+
+def gpt2_encoding():
+    """GPT-2's BPE from the ranks shipped in data/, through data/tokenize_text.py (needs tiktoken)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("tokenize_text", Path(__file__).parent / "data" / "tokenize_text.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.gpt2_encoding()
+
+
+@torch.no_grad()
+def sample(model: GPT, prompt: list, max_new_tokens: int, window: Tensor, temperature: float, top_k: int,
+           gen: torch.Generator) -> list:
+    """Continue the token list `prompt` (which starts with <|endoftext|>) one token at a time. No KV cache: each
+    token runs the whole sequence, padded to whole 128-token blocks (padding after the last token is causally
+    invisible to it)."""
+    tokens = list(prompt)
+    device = window.device
+    for _ in range(max_new_tokens):
+        n = len(tokens)
+        idx = torch.tensor(tokens + [0] * (-n % MASK_BLOCK), dtype=torch.int32, device=device)
+        logits = softcapped_logits(model.hidden(idx, window)[0, n - 1], model.head_w)[:GPT2_VOCAB]
+        if temperature == 0:
+            nxt = int(logits.argmax())
+        else:
+            top = torch.topk(logits / temperature, min(top_k, GPT2_VOCAB) if top_k > 0 else GPT2_VOCAB)
+            nxt = int(top.indices[torch.multinomial(top.values.softmax(-1).cpu(), 1, generator=gen)])
+        tokens.append(nxt)
+    return tokens
+
+
+def generate(argv) -> str:
+    parser = _Parser(description="Continue a prompt with a model trained by train_gpt.py.")
+    parser.add_argument("--generate", required=True, metavar="CKPT", help="a checkpoint written by --save_every")
+    parser.add_argument("--prompt", required=True, help="text to continue")
+    parser.add_argument("--max_new_tokens", type=int, default=64, help="tokens to add (default: 64)")
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 = always the likeliest (default: 0.8)")
+    parser.add_argument("--top_k", type=int, default=50, help="sample among the k likeliest; 0 = all (default: 50)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
+    args = parser.parse_args(argv)
+    try:
+        ckpt = torch.load(args.generate, map_location="cpu", weights_only=True)
+        saved = ckpt["config"]
+    except Exception as e:
+        raise UserError(f"cannot read checkpoint {args.generate} ({type(e).__name__}): pass one written by "
+                        f"train_gpt.py --save_every") from None
+    cfg = Hyperparameters(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()
+                             if k in {f.name for f in dataclasses.fields(Hyperparameters)}})
+    enc = gpt2_encoding()
+    prompt = [BOS_ID, *enc.encode_ordinary(args.prompt)]
+    limit = max(cfg.seq_len, cfg.val_seq_len)
+    if len(prompt) == 1:
+        raise UserError("the prompt is empty: pass some text with --prompt")
+    if len(prompt) + args.max_new_tokens > limit:
+        raise UserError(f"the prompt ({len(prompt) - 1} tokens) plus --max_new_tokens {args.max_new_tokens} is "
+                        f"longer than the {limit - 1} tokens this model has positions for: shorten one of them")
+    if args.max_new_tokens < 1 or args.temperature < 0:
+        raise UserError("--max_new_tokens must be positive and --temperature 0 or more")
+    device = torch.device(args.device)
+    model = GPT(cfg).to(device).eval()
+    model.load_state_dict(ckpt["model"])
+    window = torch.tensor(window_blocks(cfg.num_steps, cfg), dtype=torch.int32, device=device)
+    tokens = sample(model, prompt, args.max_new_tokens, window, args.temperature, args.top_k,
+                    torch.Generator().manual_seed(args.seed))
+    return enc.decode(tokens[1:])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# main
+
+def main(argv=None):
+    """Train (returns the log's path), or with --generate sample from a checkpoint (returns the text)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--generate" or a.startswith("--generate=") for a in argv):
+        try:
+            text = generate(argv)
+        except UserError as e:
+            raise SystemExit(f"error: {e}") from None
+        print(text)
+        return text
+    cfg = parse_args(argv)
+    t = None
+    try:
+        t = build(cfg)
+        warm_up(t)
+        t.clock.start()
+        for step in range(t.step, cfg.num_steps + 1):
+            last_step = step == cfg.num_steps
+            if last_step or (cfg.val_every and step % cfg.val_every == 0):
+                last_step |= validate(t, step) and cfg.stop_at_target
+            if last_step:
+                break
+            with profiled(t, step):
+                log_train(t, train_step(t, step))
+            if cfg.save_every and t.step % cfg.save_every == 0 and t.step < cfg.num_steps:
+                save_checkpoint(t)
+        if cfg.save_every:
+            save_checkpoint(t)
+        if t.device.type == "cuda":
+            t.log(log_line(peak_memory=f"{torch.cuda.max_memory_allocated() // 2**20}MiB",
+                           reserved_memory=f"{torch.cuda.max_memory_reserved() // 2**20}MiB"))
+        return t.log_path
+    except UserError as e:
+        if t is not None and t.log_open and t.comm.rank == 0:
+            with open(t.log_path, "a") as f:
+                f.write(f"error: {e}\n")
+        raise SystemExit(f"error: {e}" if int(os.environ.get("RANK", 0)) == 0 else 1) from None
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -48,8 +48,9 @@ def main(argv=None) -> int:
             fetched = fetch(name, args.dir)
         except OSError as e:  # no route to the hub: huggingface_hub and requests errors are OSErrors
             print(f"error: could not download {name} from the Hugging Face hub ({type(e).__name__}: {e}).\n"
-                  f"Check the network (or HF_ENDPOINT), or make shards from your own text with "
-                  f"`python data/tokenize_text.py`.", file=sys.stderr)
+                  f"Check the network (or HF_ENDPOINT). Offline: make shards from your own text with "
+                  f"`python data/tokenize_text.py` (GPT-2 BPE ships in data/), or unpack the Gutenberg proxy "
+                  f"shards with `python data/proxy.py`.", file=sys.stderr)
             return 1
         print(f"[{i}/{len(names)}] {name}: {'downloaded' if fetched else 'present, valid: skipped'} "
               f"({time.time() - t0:.0f}s)", flush=True)

@@ -6,9 +6,9 @@ script of that name in data/ shadows the stdlib module and breaks every other sc
         --train_files 'data/mytext/text_train_*.bin' --val_files 'data/mytext/text_val_*.bin'
 
 Each .txt file is one document; each line of a .jsonl file is one document (its "text" field). Every document
-gets GPT-2's <|endoftext|> (50256) in front, as in FineWeb. Shards hold --shard_tokens tokens (the last one
-fewer); the first is the val shard. tiktoken downloads GPT-2's BPE ranks on first use; without network, give
-a local gpt2.tiktoken with --bpe or $TIKTOKEN_GPT2_BPE (this workplace keeps one in ../shared/data/).
+gets GPT-2's <|endoftext|> (50256) in front, as in FineWeb. The first --val_tokens tokens go to the val shard,
+the rest to train shards of --shard_tokens tokens (the last one fewer). tiktoken downloads GPT-2's BPE ranks on first use; without network, give
+(and what tiktoken downloads) is the copy shipped as data/gpt2.tiktoken, so no network is needed.
 """
 import argparse
 import json
@@ -28,16 +28,22 @@ from train_gpt import BOS_ID, HEADER_BYTES, SHARD_MAGIC, SHARD_VERSION  # noqa: 
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
+SHIPPED_BPE = Path(__file__).resolve().parent / "gpt2.tiktoken"  # GPT-2's ranks (from openai-whisper, MIT)
+
+
 def gpt2_encoding(bpe_path: str | None = None) -> tiktoken.Encoding:
-    path = bpe_path or os.environ.get("TIKTOKEN_GPT2_BPE")
+    """GPT-2's BPE from --bpe, $TIKTOKEN_GPT2_BPE or the copy shipped in data/ (no network needed); tiktoken's
+    download only if none of them exists."""
+    path = bpe_path or os.environ.get("TIKTOKEN_GPT2_BPE") or (str(SHIPPED_BPE) if SHIPPED_BPE.exists() else None)
     if path:
         return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=load_tiktoken_bpe(path),
                                  special_tokens={"<|endoftext|>": BOS_ID})
     try:
         return tiktoken.get_encoding("gpt2")
     except OSError as e:  # no network: requests' errors are OSErrors
-        raise SystemExit(f"error: tiktoken could not fetch GPT-2's BPE ranks ({type(e).__name__}). Offline, pass "
-                         f"--bpe PATH/gpt2.tiktoken or set TIKTOKEN_GPT2_BPE.") from None
+        raise SystemExit(f"error: tiktoken could not fetch GPT-2's BPE ranks ({type(e).__name__}), and "
+                         f"{SHIPPED_BPE} is missing. Offline, pass --bpe PATH/gpt2.tiktoken or set "
+                         f"TIKTOKEN_GPT2_BPE.") from None
 
 
 def documents(paths: list):
@@ -73,10 +79,16 @@ def write_shard(path: Path, tokens: np.ndarray):
     tmp.replace(path)
 
 
-def tokenize(paths: list, out: Path, name: str, shard_tokens: int, workers: int, bpe_path=None) -> list:
-    """Writes shards; documents that straddle a shard boundary continue in the next shard. Returns the paths."""
+def tokenize(paths: list, out: Path, name: str, shard_tokens: int, workers: int, bpe_path=None,
+             val_tokens: int | None = None) -> list:
+    """Writes the first val_tokens tokens (default: shard_tokens) to the val shard, the rest to train shards of
+    shard_tokens; documents that straddle a boundary continue in the next shard. Returns the paths."""
     out.mkdir(parents=True, exist_ok=True)
-    buf, filled, written = np.empty(shard_tokens, dtype=np.uint16), 0, []
+    val_tokens = val_tokens or shard_tokens
+    buf, filled, written = np.empty(max(shard_tokens, val_tokens), dtype=np.uint16), 0, []
+
+    def capacity():
+        return val_tokens if not written else shard_tokens
 
     def flush(count):
         split = "val" if not written else "train"
@@ -88,14 +100,17 @@ def tokenize(paths: list, out: Path, name: str, shard_tokens: int, workers: int,
     with Pool(workers, initializer=_init_worker, initargs=(bpe_path,)) as pool:
         for doc in pool.imap(encode_document, documents(paths), chunksize=16):
             while len(doc):
-                take = min(len(doc), shard_tokens - filled)
+                take = min(len(doc), capacity() - filled)
                 buf[filled:filled + take] = doc[:take]
                 filled, doc = filled + take, doc[take:]
-                if filled == shard_tokens:
+                if filled == capacity():
                     flush(filled)
                     filled = 0
     if filled:
         flush(filled)
+    if len(written) == 1:
+        print(f"note: all {filled or val_tokens:,} tokens went to the val shard (--val_tokens {val_tokens:,}), so "
+              f"there is no train shard: pass a smaller --val_tokens", flush=True)
     return written
 
 
@@ -104,12 +119,14 @@ def main(argv=None):
     parser.add_argument("inputs", nargs="+", help=".txt files (one document each) and .jsonl files")
     parser.add_argument("--out", type=Path, required=True, help="folder for the shards")
     parser.add_argument("--name", default="text", help="shard name prefix (default: %(default)s)")
-    parser.add_argument("--shard_tokens", type=int, default=10**8, help="tokens per shard (FineWeb: 10^8)")
+    parser.add_argument("--shard_tokens", type=int, default=10**8, help="tokens per train shard (FineWeb: 10^8)")
+    parser.add_argument("--val_tokens", type=int, default=10_485_760,
+                        help="tokens in the val shard, the first ones (default: what train_gpt.py scores, 10,485,760)")
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="processes (default: all cores)")
-    parser.add_argument("--bpe", default=None, help="local gpt2.tiktoken, for machines without network")
+    parser.add_argument("--bpe", default=None, help="another gpt2.tiktoken (default: data/gpt2.tiktoken)")
     args = parser.parse_args(argv)
     gpt2_encoding(args.bpe)  # fail here, once, rather than in every worker
-    tokenize(args.inputs, args.out, args.name, args.shard_tokens, args.workers, args.bpe)
+    tokenize(args.inputs, args.out, args.name, args.shard_tokens, args.workers, args.bpe, args.val_tokens)
 
 
 if __name__ == "__main__":

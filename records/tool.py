@@ -1,13 +1,16 @@
 """The record workflow: read timed logs written by train_gpt.py (or the baseline), summarize, plot, diff.
 
     python records/tool.py summary records/2026-12-02_proxy-h200        # table, mean +- std, one-sided t-test
+    python records/tool.py compare records/A records/B                    # two arms: mean +- std, Welch's t-test
     python records/tool.py plot records/A records/B -o curve.png          # val loss vs time and vs step
     python records/tool.py diff LOG [--against train_gpt.py | OTHER_LOG]   # what code produced this log
     python records/tool.py bench OURS_LOG BASELINE_LOG                     # tokens/s, MFU, time-to-loss speedup
     python records/tool.py readme                                          # rewrite records/README.md's table
 
-Logs are parsed by `key:value` regex, never by column (train_gpt.log_line writes them). The t-test needs scipy
-and plot needs matplotlib (records/requirements.txt).
+Logs are parsed by `key:value` regex, never by column (train_gpt.log_line writes them). A resumed run's log
+(a `resumed_from:` line, then the steps again from the checkpoint on) reads as one run. Statistics take only
+runs that trained all their steps: an early-stopped set sits below the target by construction. The t-tests
+need scipy and plot needs matplotlib (records/requirements.txt).
 """
 import argparse
 import difflib
@@ -44,6 +47,9 @@ class Run:
     train: list = field(default_factory=list)  # (step, train_loss, train_ms)
     num_steps: int = 0
     extra: dict = field(default_factory=dict)  # peak_memory, warmup_time, ...
+    reached_target: int | None = None          # the step of the first val at or below the target
+    resumed_at: list = field(default_factory=list)
+    error: str = ""
 
     @property
     def tokens_per_step(self) -> int:
@@ -52,6 +58,13 @@ class Run:
     @property
     def final(self):
         return self.val[-1]
+
+    @property
+    def status(self) -> str:
+        """done (trained all num_steps), stopped_early (at the target), or incomplete (crashed, cut, error)."""
+        if self.final[0] == self.num_steps:
+            return "done"
+        return "stopped_early" if self.reached_target is not None and not self.error else "incomplete"
 
 
 def parse_log(path) -> Run:
@@ -64,8 +77,21 @@ def parse_log(path) -> Run:
         if line.startswith("config:"):
             run.config = json.loads(line.split()[0].removeprefix("config:"))
             continue
+        if line.startswith("error: "):
+            run.error = line.removeprefix("error: ")
+            continue
         kv = dict(PAIR.findall(line))
-        if "step" in kv and "/" in kv["step"]:
+        if "resumed_from" in kv:  # what follows replaces everything logged after the checkpoint
+            at = int(kv["step"])
+            run.val = [v for v in run.val if v[0] < at]
+            run.train = [t for t in run.train if t[0] <= at]
+            run.resumed_at.append(at)
+            run.error = ""
+            if run.reached_target is not None and run.reached_target >= at:
+                run.reached_target = None
+        elif "reached_target" in kv:  # also the older `step:S/N reached_target:X` form
+            run.reached_target = int(kv.get("at_step") or kv["step"].split("/")[0])
+        elif "step" in kv and "/" in kv["step"]:
             step, run.num_steps = map(int, kv["step"].split("/"))
             ms = float(kv.get("train_time", "nan").removesuffix("ms"))
             if "val_loss" in kv:
@@ -75,7 +101,8 @@ def parse_log(path) -> Run:
         else:
             run.extra.update(kv)
     if not run.val or not run.config:
-        raise LogFormatError(f"{path}: no config line or no val_loss lines: the run did not get going")
+        raise LogFormatError(f"{path}: no config line or no val_loss lines: the run did not get going"
+                             + (f" ({run.error})" if run.error else ""))
     return run
 
 
@@ -109,24 +136,67 @@ def t_test(losses, target: float):
     return float(stats.ttest_1samp(losses, target, alternative="less").pvalue)
 
 
+def refusal(runs) -> str:
+    """Why these runs cannot go into a statistic, or "" if they can: each must have trained all its steps."""
+    early = [r.path.name for r in runs if r.status == "stopped_early"]
+    cut = [r.path.name for r in runs if r.status == "incomplete"]
+    if early:
+        return (f"refused: {', '.join(early)} stopped early at the target (--stop_at_target 1): runs that stop "
+                f"as soon as they reach it sit at or below it by construction, which biases the mean. Rerun "
+                f"without --stop_at_target (the default)")
+    if cut:
+        return (f"refused: {', '.join(cut)} did not train all their steps (an error, or cut off): finish them "
+                f"with --resume, or move them out of the folder")
+    return ""
+
+
 def summary(paths, target: float) -> str:
     lines = []
     runs = load_runs(paths, warn=lines.append)
     if not runs:
         return "\n".join(lines + ["no readable logs"])
-    lines.append(f"{'run':<40} {'steps':>6} {'val_loss':>9} {'time':>10} {'tokens':>14} {'peak_mem':>10}")
+    lines.append(f"{'run':<40} {'steps':>9} {'val_loss':>9} {'time':>10} {'tokens':>14} {'peak_mem':>10}  status")
     for r in runs:
         step, loss, ms = r.final
-        lines.append(f"{r.path.name:<40} {step:>6} {loss:>9.4f} {ms / 1000:>9.1f}s {step * r.tokens_per_step:>14,} "
-                     f"{r.extra.get('peak_memory', '-'):>10}")
+        status = r.status + (f" (reached {target} at step {r.reached_target})" if r.reached_target is not None else "")
+        if r.extra.get("warning") == "resumed_with_changed_source":
+            status += " (resumed with a changed train_gpt.py: see its log)"
+        lines.append(f"{r.path.name:<40} {f'{step}/{r.num_steps}':>9} {loss:>9.4f} {ms / 1000:>9.1f}s "
+                     f"{step * r.tokens_per_step:>14,} {r.extra.get('peak_memory', '-'):>10}  {status}")
     losses = [r.final[1] for r in runs]
     (lm, ls), (tm, ts) = mean_std(losses), mean_std([r.final[2] / 1000 for r in runs])
     lines.append(f"runs:{len(runs)} val_loss:{lm:.4f}+-{ls:.4f} train_time:{tm:.1f}+-{ts:.1f}s")
-    p = t_test(losses, target)
-    if p is None:
+    why_not = refusal(runs)
+    p = None if why_not else t_test(losses, target)
+    if why_not:
+        lines.append(f"t-test {why_not}")
+    elif p is None:
         lines.append(f"t-test: needs at least 2 runs (have {len(runs)})")
     else:
         lines.append(f"t-test mean<{target}: p={p:.4g} {'meets' if p < 0.01 else 'does not meet'} the p<0.01 rule")
+    return "\n".join(lines)
+
+
+def compare(a, b) -> str:
+    """Final val loss of two arms (folders of logs): mean +- std of each and Welch's two-sided t-test of the
+    difference, for ablations (same shards, schedule and val tokens; different code, flags or seeds)."""
+    lines, arms = [], []
+    for path in (a, b):
+        runs = load_runs([path], warn=lines.append)
+        why_not = refusal(runs)
+        if why_not or not runs:
+            return "\n".join(lines + [f"{path}: {why_not or 'no readable logs'}"])
+        losses = [r.final[1] for r in runs]
+        m, sd = mean_std(losses)
+        lines.append(f"{str(path):<50} runs:{len(runs)} val_loss:{m:.4f}+-{sd:.4f} "
+                     f"({', '.join(f'{x:.4f}' for x in losses)}) step_avg:{mean_std([r.final[2] / r.final[0] for r in runs])[0]:.1f}ms")
+        arms.append(losses)
+    diff = float(np.mean(arms[1]) - np.mean(arms[0]))
+    if min(map(len, arms)) < 2:
+        return "\n".join(lines + [f"difference (second - first): {diff:+.4f}; the t-test needs 2 runs per arm"])
+    from scipy import stats
+    p = float(stats.ttest_ind(arms[1], arms[0], equal_var=False).pvalue)
+    lines.append(f"difference (second - first): {diff:+.4f}, Welch's t-test p={p:.4g} (two-sided)")
     return "\n".join(lines)
 
 
@@ -248,31 +318,45 @@ def readme(records_dir: Path = RECORDS) -> str:
     return README_HEAD + "\n".join(rows) + "\n"
 
 
+BASELINE_SCRIPT = RECORDS / "baseline" / "train_gpt2.py"
+
+
+def default_against(log) -> str:
+    """The script a log should be diffed against: the baseline's for a baseline log, else train_gpt.py."""
+    return str(BASELINE_SCRIPT if "batch_tokens" in parse_log(log).config else REPO / "train_gpt.py")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("summary", help="table of runs, mean +- std, t-test against the target")
     s.add_argument("paths", nargs="+", help="record folders or log files")
-    s.add_argument("--target", type=float, default=3.28)
+    s.add_argument("--target", type=float, default=3.28, help="val loss the one-sided t-test tests against")
+    c = sub.add_parser("compare", help="two arms (folders of logs): mean +- std each, Welch's t-test")
+    c.add_argument("a", help="folder of the first arm's logs (e.g. the old recipe)")
+    c.add_argument("b", help="folder of the second arm's logs (e.g. the new recipe)")
     pl = sub.add_parser("plot", help="val loss curves")
-    pl.add_argument("paths", nargs="+")
-    pl.add_argument("-o", "--out", type=Path, default=Path("curve.png"))
+    pl.add_argument("paths", nargs="+", help="record folders or log files")
+    pl.add_argument("-o", "--out", type=Path, default=Path("curve.png"), help="PNG to write")
     df = sub.add_parser("diff", help="unified diff of a log's embedded source")
-    df.add_argument("log")
-    df.add_argument("--against", default=str(REPO / "train_gpt.py"), help="a script or another log")
+    df.add_argument("log", help="a log written by train_gpt.py or the baseline")
+    df.add_argument("--against", help="a script or another log (default: the script that wrote such a log: "
+                                      "train_gpt.py, or records/baseline/train_gpt2.py for a baseline log)")
     b = sub.add_parser("bench", help="proxy benchmark: ours vs baseline")
-    b.add_argument("ours")
-    b.add_argument("baseline")
-    b.add_argument("--peak_tflops", type=float, default=H100_BF16_TFLOPS)
+    b.add_argument("ours", help="train_gpt.py's log")
+    b.add_argument("baseline", help="records/baseline/train_gpt2.py's log")
+    b.add_argument("--peak_tflops", type=float, default=H100_BF16_TFLOPS, help="dense bf16 peak for MFU")
     sub.add_parser("readme", help="rewrite records/README.md")
     args = parser.parse_args(argv)
     if args.cmd == "summary":
         print(summary(args.paths, args.target))
+    elif args.cmd == "compare":
+        print(compare(args.a, args.b))
     elif args.cmd == "plot":
         plot(args.paths, args.out)
         print(f"wrote {args.out}")
     elif args.cmd == "diff":
-        print(diff(args.log, args.against) or "no difference", end="")
+        print(diff(args.log, args.against or default_against(args.log)) or "no difference", end="")
     elif args.cmd == "bench":
         print(bench(args.ours, args.baseline, args.peak_tflops))
     elif args.cmd == "readme":

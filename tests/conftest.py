@@ -1,14 +1,19 @@
 import os
+import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-# the offline proxy data: ../shared/data beside the checkout (CI lays it there too)
-SHARED_DATA = Path(os.environ.get("SPEEDRUN_SHARED_DATA", REPO.parent / "shared" / "data"))
+import train_gpt as tg  # noqa: E402
+
+# shipped with the repo, so the suite runs on a fresh clone with no network and nothing beside it
+SAMPLE_TEXT = REPO / "data" / "sample"     # Project Gutenberg books (public domain), one document per line
+BPE = REPO / "data" / "gpt2.tiktoken"      # GPT-2's BPE ranks
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
@@ -23,12 +28,47 @@ def load_script(name: str, relpath: str):
     return module
 
 
-@pytest.fixture(scope="session")
-def proxy_dir(tmp_path_factory) -> Path:
-    """Real text: the Gutenberg proxy's val shard and first train shard, unpacked once per session."""
-    if not SHARED_DATA.is_dir():
-        pytest.fail(f"{SHARED_DATA} is missing: set SPEEDRUN_SHARED_DATA to the folder with proxy_*.bin.xz")
-    proxy = load_script("data_proxy", "data/proxy.py")
-    dst = tmp_path_factory.mktemp("proxy")
-    proxy.unpack(SHARED_DATA, dst, num_train=1)
+def write_shard(path, tokens, magic=tg.SHARD_MAGIC, count=None):
+    """A FineWeb-format shard written byte by byte from the format's description, not by the code under test."""
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = magic, tg.SHARD_VERSION, len(tokens) if count is None else count
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(tokens, dtype="<u2").tobytes())
+
+
+def make_sample_shards(dst: Path) -> Path:
+    """Real text: the shipped books tokenized into sample_val_000000.bin (28,231 tokens, other books than
+    train) and sample_train_000001.bin (110,256 tokens), each document led by <|endoftext|>."""
+    tokenize_text = load_script("tokenize_text", "data/tokenize_text.py")
+    enc = tokenize_text.gpt2_encoding(str(BPE))
+    dst.mkdir(parents=True, exist_ok=True)
+    for split, name in [("val", "sample_val_000000.bin"), ("train", "sample_train_000001.bin")]:
+        docs = tokenize_text.documents([str(SAMPLE_TEXT / f"books_{split}.jsonl")])
+        write_shard(dst / name, [t for d in docs for t in (tg.BOS_ID, *enc.encode_ordinary(d))])
     return dst
+
+
+@pytest.fixture(scope="session")
+def sample_shards(tmp_path_factory) -> Path:
+    return make_sample_shards(tmp_path_factory.mktemp("sample"))
+
+
+# a tiny model on real text; layer 1 has no attention and layers 0 and 3 use the long window
+TINY = ("--device cpu --seq_len 128 --batch_seqs 4 --num_layers 4 --model_dim 64 --num_heads 2 --head_dim 32 "
+        "--long_window_layers 0,3 --no_attn_layers 1 --max_window 512 --warmup_steps 0 --val_tokens 4096 "
+        "--val_seq_len 1024 --fp8_head 0").split()
+
+
+def tiny_args(shards, tmp_path, *extra) -> list:
+    return [*TINY, "--train_files", str(shards / "sample_train_*.bin"), "--val_files",
+            str(shards / "sample_val_*.bin"), "--log_dir", str(tmp_path), *extra]
+
+
+def tiny_run(shards, tmp_path, *extra) -> str:
+    return tg.main(tiny_args(shards, tmp_path, *extra)).read_text()
+
+
+def losses(log: str, kind: str = "train") -> dict:
+    """{step: loss} of a log's train (or val) lines."""
+    return {int(s): float(v) for s, v in re.findall(rf"^step:(\d+)/\d+ {kind}_loss:(\S+)", log, re.M)}

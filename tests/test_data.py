@@ -6,14 +6,14 @@ import pytest
 import requests
 import tiktoken
 
-import train_gpt as tg
-from conftest import SHARED_DATA, load_script
-from test_train_gpt import write_shard as write
+from conftest import BPE, load_script, write_shard as write  # first: repo on sys.path
+import train_gpt as tg  # noqa: E402
 
 tokenize_text = load_script("tokenize_text", "data/tokenize_text.py")
 check = load_script("check", "data/check.py")
 download = load_script("cached_fineweb10B", "data/cached_fineweb10B.py")
-BPE = str(SHARED_DATA / "gpt2.tiktoken")
+proxy = load_script("data_proxy", "data/proxy.py")
+BPE = str(BPE)
 
 
 def test_local_bpe_gives_gpt2_ids():
@@ -38,13 +38,25 @@ def test_text_to_shards_round_trip(tmp_path):
     assert all(tg.read_header(str(p)) == 16 for p in paths[:-1])  # full shards but the last
 
 
-def test_tokenizer_without_network_or_file_says_what_to_do(monkeypatch):
+def test_val_tokens_split_and_a_small_input_says_why_no_train_shard(tmp_path, capsys):
+    (tmp_path / "a.txt").write_text("Hello world, " * 20, encoding="utf-8")  # 62 tokens with the BOS
+    paths = tokenize_text.tokenize([str(tmp_path / "a.txt")], tmp_path / "out", "t", shard_tokens=32, workers=1,
+                                   bpe_path=BPE, val_tokens=20)
+    assert [tg.read_header(str(p)) for p in paths] == [20, 32, 10] and "train" in paths[1].name
+    paths = tokenize_text.tokenize([str(tmp_path / "a.txt")], tmp_path / "out2", "t", shard_tokens=100, workers=1,
+                                   bpe_path=BPE, val_tokens=100)
+    assert len(paths) == 1 and "all 62 tokens went to the val shard" in capsys.readouterr().out
+
+
+def test_tokenizer_works_offline_and_says_what_to_do_without_ranks(monkeypatch, tmp_path):
     monkeypatch.delenv("TIKTOKEN_GPT2_BPE", raising=False)
 
     def offline(name):
         raise requests.exceptions.ConnectionError("no route")
 
     monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    assert tokenize_text.gpt2_encoding(None).encode_ordinary("Hello world") == [15496, 995]  # the shipped copy
+    monkeypatch.setattr(tokenize_text, "SHIPPED_BPE", tmp_path / "missing.tiktoken")
     with pytest.raises(SystemExit, match="--bpe PATH/gpt2.tiktoken"):
         tokenize_text.gpt2_encoding(None)
     monkeypatch.setenv("TIKTOKEN_GPT2_BPE", BPE)
@@ -98,8 +110,17 @@ def test_download_offline_fails_plainly(tmp_path, monkeypatch, capsys):
     assert "could not download fineweb_val_000000.bin" in capsys.readouterr().err
 
 
-def test_proxy_unpack_is_a_valid_shard_folder(proxy_dir):
-    files = sorted(p.name for p in proxy_dir.glob("*.bin"))
-    assert files == ["proxy_train_000001.bin", "proxy_val_000000.bin"]
-    stats = check.check_shard(str(proxy_dir / "proxy_val_000000.bin"))
-    assert stats["tokens"] == 2**21 and 500 < stats["tokens_per_doc"] < 5000
+def test_proxy_unpack_skips_valid_shards_and_replaces_bad_ones(tmp_path):
+    import lzma
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    for name, tokens in [("proxy_val_000000.bin", [tg.BOS_ID, 1, 2]), ("proxy_train_000001.bin", [tg.BOS_ID, 3]),
+                         ("proxy_train_000002.bin", [tg.BOS_ID, 4, 5, 6])]:
+        write(tmp_path / name, tokens)
+        (src / f"{name}.xz").write_bytes(lzma.compress((tmp_path / name).read_bytes()))
+    paths = proxy.unpack(src, dst, num_train=1)
+    assert [p.name for p in paths] == ["proxy_val_000000.bin", "proxy_train_000001.bin"]
+    assert tg.load_shard(str(dst / "proxy_train_000001.bin")).tolist() == [tg.BOS_ID, 3]
+    (dst / "proxy_val_000000.bin").write_bytes(b"garbage")
+    proxy.unpack(src, dst, num_train=1)
+    assert tg.load_shard(str(dst / "proxy_val_000000.bin")).tolist() == [tg.BOS_ID, 1, 2]

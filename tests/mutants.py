@@ -1,0 +1,81 @@
+"""Break the code on purpose, one way at a time, in a scratch copy, and check that the CPU suite notices.
+
+    python tests/mutants.py                  # every mutant, each against the test files named beside it
+    python tests/mutants.py nesterov plot    # some of them (by a word of their name)
+    python tests/mutants.py --all-tests      # each against the whole default suite (slow)
+
+Prints one line per mutant: the tests that failed, or SURVIVED if none did (then a test is missing). Not run by
+pytest itself: a scratch copy per mutant is minutes of CPU.
+"""
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# name: (file, [(text in the file, what it becomes)], the tests (files or node ids) expected to catch it)
+MUTANTS = {
+    "document masking removed everywhere": ("train_gpt.py", [
+        ("(q_idx >= kv_idx) & (docs[q_idx] == docs[kv_idx])", "(q_idx >= kv_idx)"),
+        ("    docs_meet = (first[:, None] <= last[None, :]) & (last[:, None] >= first[None, :])\n",
+         "    docs_meet = in_window\n"),
+        ("    one_doc = (first[:, None] == last[None, :]) & (last[:, None] == first[None, :])\n",
+         "    one_doc = in_window\n")], ["tests/test_train_gpt.py"]),
+    "Nesterov removed from Muon": ("train_gpt.py", [
+        ("newton_schulz5(grad.lerp(momentum_buf, momentum))", "newton_schulz5(momentum_buf)")],
+        ["tests/test_train_gpt.py"]),
+    "Adam bias correction removed": ("train_gpt.py", [
+        ("m_hat = exp_avg / (1 - betas[0] ** step)", "m_hat = exp_avg"),
+        ("v_hat = exp_avg_sq / (1 - betas[1] ** step)", "v_hat = exp_avg_sq")], ["tests/test_train_gpt.py"]),
+    "long and short windows swapped": ("train_gpt.py", [
+        ("masks[block.long_window]", "masks[not block.long_window]")], ["tests/test_train_gpt.py"]),
+    "U-Net skip connections dropped": ("train_gpt.py", [
+        ("                x = x + self.skip_weights[L - 1 - i] * skips.pop()\n", "                skips.pop()\n")],
+        ["tests/test_train_gpt.py"]),
+    "value embeddings fed to the wrong layers": ("train_gpt.py", [
+        ("ve_of_layer = ve + [None] * (L - 2 * self.num_ve) + ve", "ve_of_layer = ve + [None] * (L - 2 * self.num_ve) + ve[::-1]")],
+        ["tests/test_train_gpt.py"]),
+    "lm_head soft-cap removed": ("train_gpt.py", [
+        ("    return SOFTCAP * torch.sigmoid(F.linear(norm(x).bfloat16(), head_w.bfloat16()).float() / SOFTCAP_DIV)",
+         "    return F.linear(norm(x).bfloat16(), head_w.bfloat16()).float()"),
+        ("    c = SOFTCAP * torch.sigmoid(z.float() / SOFTCAP_DIV)\n", "    c = z.float()\n"),
+        ("    sig = c / SOFTCAP\n    g = to_fp8(dc * (SOFTCAP / SOFTCAP_DIV) * sig * (1 - sig), grad_s, torch.float8_e5m2)",
+         "    g = to_fp8(dc, grad_s, torch.float8_e5m2)")],
+        ["tests/test_train_gpt.py", "tests/test_training.py::test_softcap_ce_grad_equals_its_formula"]),
+    "plot draws nothing": ("records/tool.py", [
+        ('        by_time.plot([t / 1000 for t in ms], losses, marker=".", label=label)\n', ""),
+        ('        by_step.plot(steps, losses, marker=".", label=label)\n', "")], ["tests/test_records.py"]),
+    "loader not aligned to BOS": ("train_gpt.py", [
+        ("                return int(self.bos[i])", "                return int(self.pos)")],
+        ["tests/test_training.py::test_loader_aligns_to_bos_and_splits_by_rank", "tests/test_trust.py"]),
+}
+
+
+def run(name: str, all_tests: bool) -> str:
+    path, edits, tests = MUTANTS[name]
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp) / "repo"
+        shutil.copytree(REPO, scratch, ignore=shutil.ignore_patterns(".git", ".gpu", "logs", "__pycache__"))
+        text = (scratch / path).read_text()
+        for old, new in edits:
+            assert text.count(old) == 1, f"{name}: {old!r} is not in {path} exactly once: update the mutant"
+            text = text.replace(old, new)
+        (scratch / path).write_text(text)
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf",
+                              *(["tests"] if all_tests else tests)], cwd=scratch, capture_output=True, text=True)
+    failed = sorted(set(re.findall(r"^FAILED (\S+?)(?: - |$)", out.stdout, re.M)))
+    return f"{name}: " + (f"{len(failed)} failed: {', '.join(failed)}" if failed else "SURVIVED")
+
+
+if __name__ == "__main__":
+    words = [a for a in sys.argv[1:] if not a.startswith("--")]
+    chosen = [n for n in MUTANTS if not words or any(w.lower() in n.lower() for w in words)]
+    survivors = 0
+    for name in chosen:
+        line = run(name, "--all-tests" in sys.argv)
+        survivors += line.endswith("SURVIVED")
+        print(line, flush=True)
+    sys.exit(1 if survivors else 0)

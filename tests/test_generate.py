@@ -1,0 +1,42 @@
+"""Sampling from a checkpoint: python train_gpt.py --generate CKPT --prompt "..." (CPU here)."""
+import pytest
+
+from conftest import tiny_run  # first: repo on sys.path
+import train_gpt as tg  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ckpt(sample_shards, tmp_path_factory):
+    d = tmp_path_factory.mktemp("gen")
+    tiny_run(sample_shards, d, "--num_steps", "3", "--save_every", "3", "--run_id", "g")
+    return str(d / "g_step000003.pt")
+
+
+def generate(ckpt, *extra):
+    return tg.main(["--generate", ckpt, "--device", "cpu", "--max_new_tokens", "6", *extra])
+
+
+def test_same_seed_same_text(ckpt, capsys):
+    a = generate(ckpt, "--prompt", "It was a dark", "--seed", "3")
+    b = generate(ckpt, "--prompt", "It was a dark", "--seed", "3")
+    assert a == b and a.startswith("It was a dark") and len(a) > len("It was a dark")
+    assert a in capsys.readouterr().out
+    greedy = {generate(ckpt, "--prompt", "It was a dark", "--temperature", "0", "--seed", str(s)) for s in (1, 2)}
+    assert len(greedy) == 1  # temperature 0 ignores the seed
+    enc = tg.gpt2_encoding()
+    assert len(enc.encode_ordinary(a)) >= len(enc.encode_ordinary("It was a dark")) + 4  # new tokens were added
+
+
+@pytest.mark.parametrize("extra,says", [
+    (["--prompt", ""], "the prompt is empty"),
+    (["--prompt", "word " * 1100], "longer than the 1023 tokens this model has positions for"),
+    (["--prompt", "x", "--max_new_tokens", "0"], "--max_new_tokens must be positive"),
+])
+def test_bad_prompts_get_a_clear_message(ckpt, extra, says):
+    with pytest.raises(SystemExit, match=says):
+        tg.main(["--generate", ckpt, "--device", "cpu", *extra])
+
+
+def test_a_missing_checkpoint_gets_a_clear_message(tmp_path):
+    with pytest.raises(SystemExit, match="cannot read checkpoint .*missing.pt"):
+        tg.main(["--generate", str(tmp_path / "missing.pt"), "--prompt", "hi"])

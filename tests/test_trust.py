@@ -1,0 +1,259 @@
+"""Runs you can trust: resume that appends and refuses a changed run, divergence and bad-token stops, durable
+checkpoints, one-line errors for what users get wrong."""
+import errno
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, load_script, losses, tiny_args, tiny_run, write_shard  # first: repo on sys.path
+import train_gpt as tg  # noqa: E402
+
+tool = load_script("records_tool", "records/tool.py")
+
+
+@pytest.fixture(scope="module")
+def run6(sample_shards, tmp_path_factory):
+    """A 6-step run with checkpoints at 3 and 6: (folder, log text)."""
+    d = tmp_path_factory.mktemp("run6")
+    log = tiny_run(sample_shards, d, "--num_steps", "6", "--save_every", "3", "--val_every", "3", "--run_id", "r")
+    return d, log
+
+
+def resume_args(sample_shards, d, *extra):
+    return tiny_args(sample_shards, d, "--num_steps", "6", "--save_every", "3", "--val_every", "3", *extra)
+
+
+# ---- resume
+
+def test_resume_appends_to_its_log_and_continues_bitwise(sample_shards, run6, tmp_path):
+    d, full = run6
+    shutil.copytree(d, tmp_path / "r")
+    log_path = tmp_path / "r" / "r.txt"
+    tg.main(resume_args(sample_shards, tmp_path / "r", "--run_id", "r", "--val_every", "2",
+                        "--resume", str(tmp_path / "r" / "r_step000003.pt")))
+    log = log_path.read_text()
+    assert log.startswith(full), "the log before the resume must stay as it was"
+    resumed = log[len(full):]
+    assert resumed.startswith("resumed_from:") and "changed:{" in resumed and '"val_every":2}' in resumed
+    assert losses(resumed) == {s: v for s, v in losses(full).items() if s > 3}  # bitwise: 4 decimals, equal
+    # the records tool reads it as one run: each step once, the resumed values
+    run = tool.parse_log(log_path)
+    assert [s for s, *_ in run.train] == [1, 2, 3, 4, 5, 6] and run.final[0] == 6
+    # step_avg divides all timed ms by all steps done, as in an uninterrupted run
+    for line in resumed.splitlines():
+        kv = dict(tool.PAIR.findall(line))
+        if "train_loss" in kv:
+            step = int(kv["step"].split("/")[0])
+            assert float(kv["step_avg"].removesuffix("ms")) == pytest.approx(
+                float(kv["train_time"].removesuffix("ms")) / step, abs=0.6), line
+    end_a = torch.load(d / "r_step000006.pt", weights_only=True)
+    end_b = torch.load(tmp_path / "r" / "r_step000006.pt", weights_only=True)
+    for name, p in end_a["model"].items():
+        assert torch.equal(p, end_b["model"][name]), name
+    assert end_a["loader"] == end_b["loader"]
+
+
+@pytest.mark.parametrize("change,says", [
+    (["--num_steps", "8"], "num_steps: 6 in the checkpoint, 8 now"),
+    (["--batch_seqs", "8", "--head_lr", "0.1"], "batch_seqs: 4 in the checkpoint, 8 now; head_lr: 0.008"),
+    (["--model_dim", "128", "--head_dim", "64"], "head_dim: 32 in the checkpoint, 64 now; model_dim: 64"),
+    (["--train_files", "ELSEWHERE"], "train_files:"),
+])
+def test_resume_refuses_a_changed_run(sample_shards, run6, tmp_path, change, says):
+    d, _ = run6
+    args = resume_args(sample_shards, tmp_path, "--resume", str(d / "r_step000003.pt"))
+    if change[0] == "--train_files":  # the same shards under another name: still another setting
+        shutil.copytree(sample_shards, tmp_path / "copy")
+        change = ["--train_files", str(tmp_path / "copy" / "sample_train_*.bin")]
+    with pytest.raises(SystemExit, match="belongs to another run") as e:
+        tg.main(args + change)
+    assert says in str(e.value) and "only log_dir, run_id, val_every" in str(e.value)
+    assert not list(tmp_path.glob("*.txt")), "a refused run leaves no log"
+
+
+def test_resume_refuses_a_finished_run(sample_shards, run6, tmp_path):
+    d, _ = run6
+    with pytest.raises(SystemExit, match="at step 6, the run's last .* nothing left to train"):
+        tg.main(resume_args(sample_shards, tmp_path, "--resume", str(d / "r_step000006.pt")))
+
+
+def test_unreadable_checkpoints_are_refused_in_one_line(sample_shards, run6, tmp_path):
+    d, _ = run6
+    good = (d / "r_step000003.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(good[:len(good) // 2])
+    (tmp_path / "text.pt").write_text("not a checkpoint")
+    torch.save({"model": {}}, tmp_path / "other.pt")
+    for name, says in [("cut.pt", "cannot read checkpoint"), ("text.pt", "cannot read checkpoint"),
+                       ("missing.pt", "no such file"), ("other.pt", "not a checkpoint written by train_gpt.py")]:
+        with pytest.raises(SystemExit, match=says) as e:
+            tg.main(resume_args(sample_shards, tmp_path, "--resume", str(tmp_path / name)))
+        assert "\n" not in str(e.value) and str(e.value).startswith("error: ")
+
+
+class _RunsCode:
+    """A pickled object whose unpickling would create a folder: what a malicious checkpoint could do."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.makedirs, (self.marker,)
+
+
+def test_checkpoint_cannot_run_code(sample_shards, tmp_path):
+    marker = str(tmp_path / "pwned")
+    torch.save({"model": _RunsCode(marker)}, tmp_path / "evil.pt")
+    with pytest.raises(SystemExit, match="cannot read checkpoint"):
+        tg.main(resume_args(sample_shards, tmp_path, "--resume", str(tmp_path / "evil.pt")))
+    assert not os.path.exists(marker)
+
+
+def test_every_rank_must_read_the_checkpoint(sample_shards, run6, tmp_path, monkeypatch):
+    """If another rank cannot read the file (another node, no shared file system), all stop at once."""
+    d, _ = run6
+    real = tg.Comm.all_ok
+
+    def other_rank_failed(self, ok):
+        return False if sys._getframe(1).f_code.co_name == "load_checkpoint" else real(self, ok)
+
+    monkeypatch.setattr(tg.Comm, "all_ok", other_rank_failed)
+    with pytest.raises(SystemExit, match="another rank could not read it.*every rank can read"):
+        tg.main(resume_args(sample_shards, tmp_path, "--resume", str(d / "r_step000003.pt")))
+
+
+# ---- divergence and data
+
+def test_divergence_stops_the_run_without_a_bad_checkpoint(sample_shards, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        tiny_run(sample_shards, tmp_path, "--num_steps", "6", "--save_every", "1", "--head_lr", "1e30",
+                 "--keep_last", "0", "--run_id", "nan")
+    msg = str(e.value)
+    assert "non-finite at step" in msg and "diverged" in msg
+    bad_step = int(msg.split("non-finite at step ")[1].split(":")[0])
+    saved = sorted(tmp_path.glob("nan_step*.pt"))
+    assert [int(p.stem[-6:]) for p in saved] == list(range(1, bad_step))  # every finite step, none after
+    assert f"Newest good checkpoint: {saved[-1]}" in msg
+    for p in saved:
+        assert all(torch.isfinite(t).all() for t in torch.load(p, weights_only=True)["model"].values())
+    assert (tmp_path / "nan.txt").read_text().splitlines()[-1].startswith("error: ")
+
+
+def test_token_ids_beyond_the_vocab_are_named(sample_shards, tmp_path):
+    tokens = tg.load_shard(str(sample_shards / "sample_train_000001.bin")).copy()
+    tokens[1000] = 50300
+    (tmp_path / "data").mkdir()
+    write_shard(tmp_path / "data" / "bad_train_000001.bin", tokens)
+    args = tiny_args(sample_shards, tmp_path, "--num_steps", "2")
+    args[args.index("--train_files") + 1] = str(tmp_path / "data" / "bad_train_*.bin")
+    with pytest.raises(SystemExit) as e:
+        tg.main(args)
+    assert "bad_train_000001.bin: token 50300 at position 1,000" in str(e.value)
+    assert "data/check.py" in str(e.value)
+
+
+# ---- checkpoints
+
+def test_checkpoints_are_durable_and_pruned(sample_shards, tmp_path, monkeypatch):
+    """fsync the file, rename it into place, fsync the folder; stale .tmp files go at start; keep_last."""
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(tg.os, "fsync", lambda fd: events.append(("fsync", os.path.isdir(f"/proc/self/fd/{fd}")))
+                        or real_fsync(fd))
+    monkeypatch.setattr(tg.os, "replace", lambda a, b: events.append(("replace", str(b))) or real_replace(a, b))
+    (tmp_path / "k_step000002.tmp").write_bytes(b"half a checkpoint")
+    tiny_run(sample_shards, tmp_path, "--num_steps", "3", "--save_every", "1", "--keep_last", "2", "--run_id", "k")
+    assert events[:3] == [("fsync", False), ("replace", str(tmp_path / "k_step000001.pt")), ("fsync", True)]
+    assert sorted(p.name for p in tmp_path.glob("k_step*")) == ["k_step000002.pt", "k_step000003.pt"]
+
+
+def test_a_failed_write_keeps_the_previous_checkpoint(sample_shards, tmp_path, monkeypatch):
+    real_save, calls = torch.save, []
+
+    def disk_full(obj, f):
+        calls.append(1)
+        if len(calls) == 2:
+            f.write(b"partial")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_save(obj, f)
+
+    monkeypatch.setattr(tg.torch, "save", disk_full)
+    with pytest.raises(SystemExit, match="No space left on device.*k_step000001.pt, is intact"):
+        tiny_run(sample_shards, tmp_path, "--num_steps", "3", "--save_every", "1", "--run_id", "k")
+    assert sorted(p.name for p in tmp_path.glob("k_step*")) == ["k_step000001.pt"]
+    assert torch.load(tmp_path / "k_step000001.pt", weights_only=True)["step"] == 1
+
+
+# ---- errors a user makes: one line, what to do, non-zero exit, no log left behind
+
+@pytest.mark.parametrize("flags,says", [
+    (["--num_steps", "0"], "--num_steps must be positive"),
+    (["--seq_len", "-128"], "--seq_len must be positive"),
+    (["--batch_seqs", "0"], "--batch_seqs must be positive"),
+    (["--momentum_warmup_steps", "0"], "--momentum_warmup_steps must be positive"),
+    (["--num_heads", "3"], "--num_heads 3 x --head_dim 32 = 96, but --model_dim is 64"),
+    (["--seq_len", "100"], "--seq_len 100 must be a multiple of 128"),
+    (["--val_tokens", "100"], "less than one val sequence"),
+    (["--long_window_layers", "0,9"], "layers \\[9\\] in --long_window_layers"),
+    (["--train_files", "/nowhere/x_*.bin"], "no shards match '/nowhere/x_\\*.bin'"),
+])
+def test_bad_settings_are_refused_in_one_line(sample_shards, tmp_path, flags, says):
+    with pytest.raises(SystemExit, match=says) as e:
+        tg.main(tiny_args(sample_shards, tmp_path, *flags))
+    assert "\n" not in str(e.value) and str(e.value).startswith("error: ")
+    assert list(tmp_path.iterdir()) == [], "a run that fails before its first step leaves nothing behind"
+
+
+def test_bad_flag_values_get_one_line(capsys):
+    for argv, says in [(["--fp8_head", "yes"], "argument --fp8_head: expected 1, 0, true or false, not 'yes'"),
+                       (["--num_steps", "ten"], "argument --num_steps: invalid int value: 'ten'"),
+                       (["--no_attn_layers", "a,b"], "expected comma-separated layer numbers")]:
+        with pytest.raises(SystemExit) as e:
+            tg.parse_args(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and says in err, err
+
+
+def test_corrupt_shards_and_unwritable_log_dirs(sample_shards, tmp_path):
+    (tmp_path / "data").mkdir()
+    write_shard(tmp_path / "data" / "x_train_000001.bin", [1, 2, 3], count=9)
+    args = tiny_args(sample_shards, tmp_path / "logs")
+    args[args.index("--train_files") + 1] = str(tmp_path / "data" / "x_train_*.bin")
+    with pytest.raises(SystemExit, match="x_train_000001.bin: header says 9 tokens.*truncated or corrupt"):
+        tg.main(args)
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(SystemExit, match="cannot write to --log_dir .*a_file/logs.*pick a writable folder"):
+        tg.main(tiny_args(sample_shards, tmp_path / "a_file" / "logs"))
+
+
+def test_an_existing_log_is_never_overwritten(sample_shards, run6):
+    d, full = run6
+    with pytest.raises(SystemExit, match="r.txt exists: pass another --run_id, or --resume"):
+        tg.main(resume_args(sample_shards, d, "--run_id", "r"))
+    assert (d / "r.txt").read_text() == full
+
+
+@pytest.mark.parametrize("world,batch,counts", [(3, 8, "1, 2, 4, 8"), (4, 2, "1, 2"), (5, 12, "1, 2, 3, 4, 6, 12")])
+def test_world_size_message_lists_the_counts_that_run(monkeypatch, world, batch, counts):
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    with pytest.raises(SystemExit, match=f"launch with --nproc_per_node \\(x nodes\\) in {counts}, the divisors"):
+        tg.main(["--device", "cpu", "--batch_seqs", str(batch)])
+
+
+def test_refuses_to_run_without_gpu_unless_asked(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="no CUDA GPU"):
+        tg.main([])
+
+
+def test_the_command_line_prints_one_line_and_exits_non_zero(tmp_path):
+    """Through the real entry point: no traceback, one line on stderr, exit 1."""
+    out = subprocess.run([sys.executable, str(REPO / "train_gpt.py"), "--device", "cpu", "--train_files",
+                          str(tmp_path / "none_*.bin"), "--log_dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("error: no shards match")
