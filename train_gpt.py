@@ -62,6 +62,11 @@ HEAD_GRAD_SCALE = 1 / 448
 SOFTCAP = 30.0       # logits are soft-capped to (0, 30) as 30 * sigmoid(z / 7.5) (Aug 2025 record)
 SOFTCAP_DIV = 7.5
 
+
+def softcap(z: Tensor) -> Tensor:
+    """The head's logit cap, in fp32 (the Triton kernel below computes the same in its registers)."""
+    return SOFTCAP * torch.sigmoid(z.float() / SOFTCAP_DIV)
+
 _scale_tensors = {}
 
 
@@ -146,12 +151,12 @@ def softcap_ce_grad(z: Tensor, targets: Tensor, grad_s: float) -> tuple[Tensor, 
                                                   DIV=SOFTCAP_DIV, TOP=E5M2_MAX, BLOCK_T=64, BLOCK_V=128,
                                                   num_warps=8)
         return loss, g, g.T.contiguous()
-    c = SOFTCAP * torch.sigmoid(z.float() / SOFTCAP_DIV)
+    c = softcap(z)
     lse = torch.logsumexp(c, dim=-1)
     loss = lse - c.gather(1, targets[:, None].long())[:, 0]
     dc = torch.exp(c - lse[:, None])
     dc[torch.arange(T, device=z.device), targets.long()] -= 1
-    sig = c / SOFTCAP
+    sig = torch.sigmoid(z.float() / SOFTCAP_DIV)  # dc/dz = 30/7.5 * sigmoid'
     g = to_fp8(dc * (SOFTCAP / SOFTCAP_DIV) * sig * (1 - sig), grad_s, torch.float8_e5m2)
     return loss, g, g.T.contiguous()
 
@@ -566,7 +571,7 @@ class Block(nn.Module):
 
 def softcapped_logits(x: Tensor, head_w: Tensor) -> Tensor:
     """The bf16 head: logits of the normed x, soft-capped into (0, 30), in fp32."""
-    return SOFTCAP * torch.sigmoid(F.linear(norm(x).bfloat16(), head_w.bfloat16()).float() / SOFTCAP_DIV)
+    return softcap(F.linear(norm(x).bfloat16(), head_w.bfloat16()))
 
 
 def head_loss(x: Tensor, head_w: Tensor, targets: Tensor, fp8: bool) -> Tensor:
