@@ -142,7 +142,8 @@ def softcap_ce_grad(z: Tensor, targets: Tensor, grad_s: float) -> tuple[Tensor, 
     backward matmuls). On GPU one Triton kernel reads z twice and writes only the fp8 grad; torch.compile's
     version of the same wrote and re-read fp32/bf16 (tokens x vocab) tensors (~16 ms a micro-step on an H200).
     The transposed copy is torch's: the kernel's own transposed stores (tl.trans) wrote wrong places on an H200
-    with triton 3.6, while the interpreter got them right."""
+    with triton 3.6, while the interpreter got them right. That copy of a 1-byte dtype is uncoalesced: 16 ms a
+    micro-step, 3x the kernel (records/2026-12-03_recipe-h200/), and the next thing to make fast."""
     T, V = z.shape
     if z.is_cuda and triton is not None and V % 128 == 0:
         loss = torch.empty(T, device=z.device, dtype=torch.float32)
@@ -1250,11 +1251,12 @@ def save_checkpoint(t: Trainer):
     t.clock.start()
 
 
-# GPU kernels by name, first match wins: where a step's time goes (--profile_steps)
-KERNEL_CATEGORIES = [("softcap CE (Triton)", r"_softcap_ce"), ("FlexAttention", r"flex|triton_tem"),
-                     ("FP8 GEMM", r"f8|e4m3|e5m2|fp8"), ("bf16 GEMM", r"gemm|xmma|cutlass|nvjet|sm90_|cublas"),
-                     ("NCCL", r"nccl"), ("Triton fused (compiled)", r"triton"),
-                     ("copies and fills", r"[Mm]emcpy|[Mm]emset|copy|fill"), ("other", r"")]
+# GPU kernels by name, first match wins: where a step's time goes (--profile_steps). cuBLAS names its FP8
+# GEMMs nvjet_sm90_q*; torch's copy kernels (float8_copy_kernel_cuda, ...) are copies, not FP8 GEMMs.
+KERNEL_CATEGORIES = [("copies and fills", r"[Mm]emcpy|[Mm]emset|copy_kernel|[Ff]ill"),
+                     ("softcap CE (Triton)", r"_softcap_ce"), ("FlexAttention", r"flex|triton_tem"),
+                     ("FP8 GEMM", r"nvjet_sm90_q|e4m3|e5m2"), ("bf16 GEMM", r"gemm|xmma|cutlass|nvjet|cublas"),
+                     ("NCCL", r"nccl"), ("Triton fused (compiled)", r"triton"), ("other", r"")]
 
 
 @contextlib.contextmanager
