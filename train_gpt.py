@@ -262,14 +262,40 @@ def attention_mask(docs: Tensor, window_blocks: Tensor):
     return block_attention_mask(docs, window_blocks) if docs.is_cuda else dense_attention_mask(docs, window_blocks)
 
 
+# FlexAttention's default Triton tiles at head_dim 128 need more shared memory per thread block in the backward
+# than GPUs below the A100/H100 class have (sm_86, sm_89, sm_120: 99 KiB; A100: 163 KiB; H100/H200: 227 KiB),
+# and compiling then fails with "out of resource: shared memory". Halved tiles in one pipeline stage fit 99 KiB
+# (the tile sizes users report working on an RTX 3090; not yet run on such a GPU here).
+FLEX_SMALL_TILES = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32,
+                    "num_stages": 1}
+FLEX_DEFAULT_TILES_SMEM = 160 * 1024  # bytes of shared memory per block from which Flex's own tiles fit
+flex_kernel_options = None  # passed to every flex_attention call; build() sets it from --flex_tiles
+
+
+def choose_flex_tiles(choice: str, smem_per_block: int):
+    """FlexAttention kernel options for --flex_tiles on a GPU with this much shared memory per block (opt-in):
+    None keeps Flex's defaults."""
+    small = choice == "small" or (choice == "auto" and smem_per_block < FLEX_DEFAULT_TILES_SMEM)
+    return dict(FLEX_SMALL_TILES) if small else None
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, mask, scale: float) -> Tensor:
     """Masked attention over (B, T, heads, head_dim), with a mask from attention_mask()."""
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     if isinstance(mask, BlockMask):
-        y = flex_attention(q, k, v, block_mask=mask, scale=scale)
+        y = flex_attention(q, k, v, block_mask=mask, scale=scale, kernel_options=flex_kernel_options)
     else:
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return y.transpose(1, 2)
+
+
+def mm(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b for bf16 a and b: what a GPU's bf16 GEMM computes (bf16 inputs, fp32 sums, one rounding to bf16).
+    CPUs without bf16 matrix units run bf16 GEMMs 7-35x slower than fp32 (on 2 AVX2 cores one step of a
+    768-wide model took 4 minutes); there the same function runs as an fp32 matmul of the bf16 values."""
+    if a.device.type == "cpu" and a.dtype == torch.bfloat16:
+        return (a.float() @ b.float()).bfloat16()
+    return a @ b
 
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)  # quintic Newton-Schulz coefficients from Muon (Jordan et al., 2024)
@@ -285,8 +311,8 @@ def newton_schulz5(G: Tensor, steps: int = 5) -> Tensor:
         X = X.mT
     X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # spectral norm <= Frobenius norm <= 1
     for _ in range(steps):
-        A = X @ X.mT
-        X = a * X + (b * A + c * A @ A) @ X
+        A = mm(X, X.mT)
+        X = a * X + mm(b * A + c * mm(A, A), X)
     return X.mT if tall else X
 
 
@@ -530,16 +556,16 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, ve, mask) -> Tensor:
         B, T = x.shape[:2]
-        qkv = F.linear(x, self.qkvo_w[:3].flatten(0, 1).type_as(x))
+        qkv = mm(x, self.qkvo_w[:3].flatten(0, 1).type_as(x).mT)
         q, k, v = qkv.view(B, T, 3 * self.num_heads, self.head_dim).chunk(3, dim=2)
         q, k = self.rotary(norm(q)), self.rotary(norm(k))
         v = self.v_lambdas[0] * v
         if ve is not None:
             v = v + self.v_lambdas[1] * ve.view_as(v)
         y = attention(q, k, v, mask, self.SCALE)
-        gate = torch.sigmoid(F.linear(x[..., :self.GATE_DIMS], self.gate_w.type_as(x)))  # (B, T, heads)
+        gate = torch.sigmoid(mm(x[..., :self.GATE_DIMS], self.gate_w.type_as(x).mT))  # (B, T, heads)
         y = (y * gate[..., None]).reshape(B, T, -1)
-        return F.linear(y, self.qkvo_w[3].type_as(y))
+        return mm(y, self.qkvo_w[3].type_as(y).mT)
 
 
 class MLP(nn.Module):
@@ -551,7 +577,7 @@ class MLP(nn.Module):
         self.proj_w = nn.Parameter(torch.zeros(dim, 4 * dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.linear(F.relu(x @ self.fc_w.type_as(x)).square(), self.proj_w.type_as(x))  # ReLU^2
+        return mm(F.relu(mm(x, self.fc_w.type_as(x))).square(), self.proj_w.type_as(x).mT)  # ReLU^2
 
 
 class Block(nn.Module):
@@ -572,7 +598,7 @@ class Block(nn.Module):
 
 def softcapped_logits(x: Tensor, head_w: Tensor) -> Tensor:
     """The bf16 head: logits of the normed x, soft-capped into (0, 30), in fp32."""
-    return softcap(F.linear(norm(x).bfloat16(), head_w.bfloat16()))
+    return softcap(mm(norm(x).bfloat16(), head_w.bfloat16().mT))
 
 
 def head_loss(x: Tensor, head_w: Tensor, targets: Tensor, fp8: bool) -> Tensor:
@@ -650,9 +676,9 @@ def param_groups(model: GPT, cfg: "Hyperparameters") -> tuple[list, list]:
     """Muon gets the hidden matrices; Adam, with the speedrun's per-group learning rates, the rest."""
     muon = [p for p in model.blocks.parameters() if p.ndim >= 2]
     embeds = [model.embed.weight, *[e.weight for e in model.value_embeds]]
-    scalars = [p for p in model.parameters() if p.ndim < 2]
+    scalars = [p for p in model.parameters() if p.ndim < 2 and p.numel()]  # a 1-layer model has no skips
     adam = [(cfg.head_lr, [model.head_w]), (cfg.embed_lr, embeds), (cfg.scalar_lr, scalars)]
-    assert len(muon) + sum(len(ps) for _, ps in adam) == len(list(model.parameters()))
+    assert len(muon) + sum(len(ps) for _, ps in adam) == len([p for p in model.parameters() if p.numel()])
     return muon, adam
 
 
@@ -799,6 +825,8 @@ class Hyperparameters:
     long_window_layers: tuple = H((0, 4, 7, 11), "layers with the full window; the others get half (record)")
     no_attn_layers: tuple = H((7,), "layers without attention, MLP only (record: layer 7)")
     fp8_head: bool = H(True, "lm_head matmuls in FP8 while training (e4m3 forward, e5m2 grads); bf16 in eval")
+    flex_tiles: str = H("auto", "FlexAttention's Triton tiles: default, small (fits GPUs with 99 KiB shared memory "
+                                "per block, e.g. RTX 3090/4090), or auto: small below 160 KiB")
     # optimizer (Aug 2025 record)
     muon_lr: float = H(0.05, "Muon lr for hidden matrices")
     head_lr: float = H(0.008, "Adam lr for lm_head")
@@ -824,7 +852,7 @@ class Hyperparameters:
 
 # settings that may differ between a checkpoint and the run resuming it: none of them changes the training
 RESUME_FREE = ("log_dir", "run_id", "val_every", "save_every", "keep_last", "warmup_steps", "resume",
-               "target_val_loss", "stop_at_target", "profile_steps")
+               "target_val_loss", "stop_at_target", "profile_steps", "flex_tiles")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -881,6 +909,8 @@ def check_config(cfg: Hyperparameters):
         raise UserError(f"layers {bad} in --long_window_layers/--no_attn_layers do not exist (0..{cfg.num_layers - 1})")
     if cfg.profile_steps and not (len(cfg.profile_steps) == 2 and 0 <= cfg.profile_steps[0] <= cfg.profile_steps[1]):
         raise UserError(f"--profile_steps takes two steps A,B with A <= B (it is {cfg.profile_steps})")
+    if cfg.flex_tiles not in ("auto", "default", "small"):
+        raise UserError(f"--flex_tiles must be auto, default or small (it is {cfg.flex_tiles!r})")
     if not 0 <= cfg.cooldown_frac <= 1:
         raise UserError(f"--cooldown_frac must be within 0..1 (it is {cfg.cooldown_frac})")
 
@@ -1140,6 +1170,12 @@ def build(cfg: Hyperparameters) -> Trainer:
         cfg = dataclasses.replace(cfg, fp8_head=False)  # emulated FP8 would be slower than bf16
         notes.append(log_line(note="fp8_head_off", why=f"{torch.cuda.get_device_name(device).replace(' ', '_')}"
                                    f"_has_no_FP8_tensor_cores"))
+    if device.type == "cuda":
+        global flex_kernel_options
+        smem = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+        flex_kernel_options = choose_flex_tiles(cfg.flex_tiles, smem)
+        if flex_kernel_options and cfg.flex_tiles == "auto":
+            notes.append(log_line(note="flex_small_tiles", why=f"{smem // 1024}KiB_shared_memory_per_block"))
     run_id = cfg.run_id or str(uuid.uuid4())
     log_path = Path(cfg.log_dir) / f"{run_id}.txt"
     check_log_dir(cfg, log_path, comm)
@@ -1382,6 +1418,20 @@ def generate(argv) -> str:
 # ----------------------------------------------------------------------------------------------------------
 # main
 
+def gpu_error_message(e: Exception, cfg: Hyperparameters):
+    """One line for the GPU failures that a flag fixes, or None: any other error keeps its traceback."""
+    if isinstance(e, torch.OutOfMemoryError):
+        return (f"out of GPU memory with --seq_len {cfg.seq_len} --batch_seqs {cfg.batch_seqs}: keep the tokens per "
+                f"step in shorter sequences, e.g. --seq_len {cfg.seq_len // 2} --batch_seqs {cfg.batch_seqs * 2} "
+                f"(README: GPUs with less memory); in validation, a shorter --val_seq_len")
+    if "out of resource" in str(e):  # Triton's OutOfResources, raised directly or inside a compile error
+        if cfg.flex_tiles != "small":
+            return "FlexAttention's kernels need more shared memory than this GPU has: run with --flex_tiles small"
+        return ("FlexAttention's kernels need more shared memory than this GPU has, even with --flex_tiles small: "
+                "try --head_dim 64 --num_heads 12, or a GPU of the A100/H100 class")
+    return None
+
+
 def main(argv=None):
     """Train (returns the log's path), or with --generate sample from a checkpoint (returns the text)."""
     argv = sys.argv[1:] if argv is None else argv
@@ -1414,11 +1464,14 @@ def main(argv=None):
             t.log(log_line(peak_memory=f"{torch.cuda.max_memory_allocated() // 2**20}MiB",
                            reserved_memory=f"{torch.cuda.max_memory_reserved() // 2**20}MiB"))
         return t.log_path
-    except UserError as e:
+    except Exception as e:
+        message = str(e) if isinstance(e, UserError) else gpu_error_message(e, cfg)
+        if message is None:
+            raise
         if t is not None and t.log_open and t.comm.rank == 0:
             with open(t.log_path, "a") as f:
-                f.write(f"error: {e}\n")
-        raise SystemExit(f"error: {e}" if int(os.environ.get("RANK", 0)) == 0 else 1) from None
+                f.write(f"error: {message}\n")
+        raise SystemExit(f"error: {message}" if int(os.environ.get("RANK", 0)) == 0 else 1) from None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -49,6 +49,11 @@ MUTANTS = {
     "loader not aligned to BOS": ("train_gpt.py", [
         ("                return int(self.bos[i])", "                return int(self.pos)")],
         ["tests/test_training.py::test_loader_aligns_to_bos_and_splits_by_rank", "tests/test_trust.py"]),
+    "lm_head at an older lr (0.22) that outgrows FP8": ("train_gpt.py", [
+        ('head_lr: float = H(0.008,', 'head_lr: float = H(0.22,')],
+        ["tests/test_training.py::test_full_width_fp8_head_stays_within_its_scales_while_training"]),
+    "GPU out-of-memory shown as a traceback": ("train_gpt.py", [
+        ("    if isinstance(e, torch.OutOfMemoryError):", "    if False:")], ["tests/test_trust.py"]),
 }
 
 
@@ -64,7 +69,7 @@ def run(name: str, all_tests: bool) -> str:
         (scratch / path).write_text(text)
         out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf",
                               *(["tests"] if all_tests else tests)], cwd=scratch, capture_output=True, text=True)
-    failed = sorted(set(re.findall(r"^FAILED (\S+?)(?: - |$)", out.stdout, re.M)))
+    failed = sorted(set(re.findall(r"^FAILED (.+?)(?: - .*)?$", out.stdout, re.M)))
     return f"{name}: " + (f"{len(failed)} failed: {', '.join(failed)}" if failed else "SURVIVED")
 
 

@@ -143,13 +143,13 @@ def test_records_readme_is_generated(tmp_path):
 def test_baseline_log_is_read_and_its_flops_counted(sample_shards, tmp_path):
     baseline = load_script("baseline_train_gpt2", "records/baseline/train_gpt2.py")
     log = baseline.main(["--device", "cpu", "--train_files", str(sample_shards / "sample_train_*.bin"),
-                         "--val_files", str(sample_shards / "sample_val_*.bin"), "--val_tokens", "2048",
+                         "--val_files", str(sample_shards / "sample_val_*.bin"), "--val_tokens", "1024", "--num_layers", "2",
                          "--train_tokens", "1024", "--batch_tokens", "1024", "--micro_batch", "1",
                          "--log_dir", str(tmp_path), "--run_id", "base"])
     run = tool.parse_log(log)
     assert [v[0] for v in run.val] == [0, 1] and run.val[-1][1] < run.val[0][1] and run.tokens_per_step == 1024
     assert run.source == (REPO / "records" / "baseline" / "train_gpt2.py").read_text()
     assert tool.diff(log, tool.default_against(log)) == ""  # `diff LOG` compares a baseline log with its script
-    matmul = sum(p.numel() for n, p in baseline.GPT2().named_parameters() if p.ndim == 2 and "wpe" not in n)
+    matmul = sum(p.numel() for n, p in baseline.GPT2(layers=2).named_parameters() if p.ndim == 2 and "wpe" not in n)
     fpt, _ = tool.flops_per_token(run.config)
-    assert fpt == 6 * matmul + 12 * 768 * 12 * 1024 / 2  # wte counts once: it is the tied head's matmul
+    assert fpt == 6 * matmul + 12 * 768 * 2 * 1024 / 2  # wte counts once: it is the tied head's matmul

@@ -22,29 +22,20 @@ GOLDEN_ARGS = ["--num_steps", "8", "--val_every", "4", "--seed", "1", "--run_id"
 GOLDEN_TOL = 0.02  # 1 and 2 threads (other summation orders) agree to 4 decimals; room for other CPUs' kernels
 
 
-def make_golden(shards, tmp_path) -> dict:
+def golden_run(shards, tmp_path) -> tuple[dict, str]:
     log = tiny_run(shards, tmp_path, *GOLDEN_ARGS)
-    return {"args": TINY + GOLDEN_ARGS, "train": losses(log), "val": losses(log, "val")}
+    return {"args": TINY + GOLDEN_ARGS, "train": losses(log), "val": losses(log, "val")}, log
 
 
 def test_golden_loss_curve(sample_shards, tmp_path):
     """A tiny deterministic run's losses against tests/golden_tiny.json. If you changed the training on purpose,
     regenerate it with `python tests/test_training.py --regenerate` and say why in the commit."""
-    got, want = make_golden(sample_shards, tmp_path), json.loads(GOLDEN.read_text())
+    (got, log), want = golden_run(sample_shards, tmp_path), json.loads(GOLDEN.read_text())
+    assert log.startswith(open(tg.__file__).read() + "\n" + tg.SOURCE_END)  # a record log carries its source
     assert got["args"] == want["args"], "the golden run's settings changed: regenerate it"
     for kind in ("train", "val"):
         for step, loss in want[kind].items():
             assert abs(got[kind][int(step)] - loss) <= GOLDEN_TOL, (kind, step, got[kind], want[kind])
-
-
-def test_loss_falls_and_the_log_starts_with_the_source(sample_shards, tmp_path):
-    log = tiny_run(sample_shards, tmp_path, "--num_steps", "20", "--val_every", "20")
-    vals = list(losses(log, "val").values())
-    # ln(50304) = 10.8 at init; val is other books than the few train batches seen, so it falls slower
-    assert len(vals) == 2 and vals[0] > 10.5 and vals[-1] < vals[0] - 1.0, vals
-    train = losses(log)
-    assert np.mean([train[s] for s in range(16, 21)]) < 8.0, train
-    assert log.startswith(open(tg.__file__).read() + "\n" + tg.SOURCE_END)
 
 
 def test_warmup_leaves_no_trace(sample_shards, tmp_path):
@@ -54,20 +45,34 @@ def test_warmup_leaves_no_trace(sample_shards, tmp_path):
     assert "warmup_step:1/2" in warm_log and "warmup_step:2/2" in warm_log
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_gloo_processes_equal_one_with_accumulation(sample_shards, tmp_path, world):
+GLOO_BATCH = 12  # sequences per step: 1, 2, 4 and 12 processes all divide it
+
+
+def gloo_run(shards, log_dir, nproc: int, run_id: str) -> str:
+    args = [*tiny_args(shards, log_dir), "--batch_seqs", str(GLOO_BATCH), "--num_steps", "3", "--save_every", "3"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # every process single-threaded: same matmul summation order
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                    str(REPO / "train_gpt.py"), *args, "--run_id", run_id], check=True, env=env, timeout=600)
+    return (log_dir / f"{run_id}.txt").read_text()
+
+
+@pytest.fixture(scope="module")
+def one_process(sample_shards, tmp_path_factory):
+    d = tmp_path_factory.mktemp("gloo")
+    return d, gloo_run(sample_shards, d, 1, "one")
+
+
+@pytest.mark.parametrize("world", [4, 12])
+def test_gloo_processes_equal_one_with_accumulation(sample_shards, one_process, world):
     """Same batch, same steps at any world size. With 4 ranks the 3 attention matrices of TINY leave one Muon
-    slot as padding, and each rank reduces 1 of the 4 sequences."""
-    common = [*tiny_args(sample_shards, tmp_path), "--num_steps", "3", "--save_every", "3"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # both runs single-threaded: same matmul summation order
-    for n, run_id in [(1, "one"), (world, "many")]:
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-                        str(REPO / "train_gpt.py"), *common, "--run_id", run_id], check=True, env=env, timeout=600)
-    one, many = (tmp_path / "one.txt").read_text(), (tmp_path / "many.txt").read_text()
+    slot as padding; with 12 (more than one node's 8 GPUs) most ranks hold only padding in some buckets, and
+    each rank reduces 1 of the 12 sequences."""
+    d, one = one_process
+    many = gloo_run(sample_shards, d, world, f"many{world}")
     assert f"world_size:{world}" in many
     assert losses(one) == losses(many)
-    ckpt_a = torch.load(tmp_path / "one_step000003.pt", weights_only=True)
-    ckpt_b = torch.load(tmp_path / "many_step000003.pt", weights_only=True)
+    ckpt_a = torch.load(d / "one_step000003.pt", weights_only=True)
+    ckpt_b = torch.load(d / f"many{world}_step000003.pt", weights_only=True)
     init = tg.GPT(tg.parse_args(TINY)).state_dict()
     worst = {}
     for name, p in ckpt_a["model"].items():
@@ -181,16 +186,35 @@ def test_fp8_head_backward_touches_no_tokens_x_vocab_tensor():
     assert big == [], big
 
 
-def test_full_width_head_trains_in_fp8_like_bf16(sample_shards, tmp_path):
-    """At the record's width (768) the head's inputs and logits reach the sizes its FP8 scales and soft-cap are
-    set for; tiny widths never do. With an older head (lr 0.22) a 2^-9 weight scale overflowed FP8 on an H200."""
-    width = ["--model_dim", "768", "--num_heads", "6", "--head_dim", "128", "--num_layers", "2",
-             "--long_window_layers", "0", "--no_attn_layers", "", "--batch_seqs", "2", "--num_steps", "5"]
-    bf16 = losses(tiny_run(sample_shards, tmp_path, *width, "--run_id", "bf16"))
-    fp8 = losses(tiny_run(sample_shards, tmp_path, *width, "--run_id", "fp8", "--fp8_head", "1"))
-    assert all(bf16[s] < bf16[1] for s in range(2, 6)), bf16  # no step above the uniform-guess loss
-    assert bf16[5] < bf16[1] - 1.0, bf16
-    assert all(abs(bf16[s] - fp8[s]) < 0.1 for s in bf16), (bf16, fp8)
+def test_full_width_fp8_head_stays_within_its_scales_while_training(sample_shards, tmp_path):
+    """At the record's width (768) the head's inputs reach the sizes its FP8 scales are set for; tiny widths never
+    do. Train the FP8 head 6 steps: its weights must stay within e4m3's range at the 2^-9 scale (an older head's
+    lr 0.22 outgrew it on an H200, and here within 6 steps), and on held-out text its loss and grads must match
+    the bf16 head's on the same trained weights. (Whole trajectories are no test: in the first steps Adam's
+    sign-like updates make the two heads' runs drift apart by up to 0.4 in train loss.)"""
+    width = ["--model_dim", "768", "--num_heads", "6", "--head_dim", "128", "--num_layers", "1",
+             "--long_window_layers", "0", "--no_attn_layers", "0", "--batch_seqs", "2", "--fp8_head", "1"]
+    log = tiny_run(sample_shards, tmp_path, *width, "--num_steps", "6", "--save_every", "6", "--val_every", "0",
+                   "--val_tokens", "1024", "--run_id", "fp8")
+    train = losses(log)
+    assert max(train.values()) <= train[1] and min(train.values()) < train[1] - 1.5, train
+    model = tg.GPT(tg.parse_args(tiny_args(sample_shards, tmp_path, *width)))
+    model.load_state_dict(torch.load(tmp_path / "fp8_step000006.pt", weights_only=True)["model"])
+    w = model.head_w.detach()
+    assert 16 < w.abs().max() / tg.HEAD_W_SCALE < tg.E4M3_MAX, "trained weights use e4m3's range, within it"
+    seq = tg.load_val_tokens(str(sample_shards / "sample_val_*.bin"), 512).long()
+    with torch.no_grad():
+        x = tg.norm(model.hidden(seq[:-1], torch.tensor(4)).flatten(0, 1)).bfloat16()
+    results = []
+    for fp8 in (True, False):
+        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+        loss = tg.head_loss(xg, wg, seq[1:], fp8=fp8)
+        results.append((loss, *torch.autograd.grad(loss, (xg, wg))))
+    (fp8, gx, gw), (bf16, gx_ref, gw_ref) = results
+    assert fp8.item() == pytest.approx(bf16.item(), rel=2e-3)
+    # e5m2 grads keep 2 mantissa bits (about 7% rms rounding), e4m3 weights 3: measured 9% and 5%
+    assert (gx - gx_ref).float().norm() / gx_ref.float().norm() < 0.15
+    assert (gw - gw_ref).float().norm() / gw_ref.float().norm() < 0.15
 
 
 def test_fp8_cast_saturates_instead_of_nan():
@@ -282,6 +306,6 @@ if __name__ == "__main__" and sys.argv[1:] == ["--regenerate"]:
     from pathlib import Path
 
     with tempfile.TemporaryDirectory() as tmp:
-        golden = make_golden(make_sample_shards(Path(tmp) / "sample"), Path(tmp))
+        golden, _ = golden_run(make_sample_shards(Path(tmp) / "sample"), Path(tmp))
     GOLDEN.write_text("{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in golden.items()) + "\n}\n")
     print(f"wrote {GOLDEN}")

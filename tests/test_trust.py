@@ -200,6 +200,7 @@ def test_a_failed_write_keeps_the_previous_checkpoint(sample_shards, tmp_path, m
     (["--val_tokens", "100"], "less than one val sequence"),
     (["--long_window_layers", "0,9"], "layers \\[9\\] in --long_window_layers"),
     (["--train_files", "/nowhere/x_*.bin"], "no shards match '/nowhere/x_\\*.bin'"),
+    (["--flex_tiles", "tiny"], "--flex_tiles must be auto, default or small"),
 ])
 def test_bad_settings_are_refused_in_one_line(sample_shards, tmp_path, flags, says):
     with pytest.raises(SystemExit, match=says) as e:
@@ -257,3 +258,39 @@ def test_the_command_line_prints_one_line_and_exits_non_zero(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
     assert out.stderr.startswith("error: no shards match")
+
+
+# ---- GPU failures a flag fixes
+
+@pytest.mark.parametrize("error,says", [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.21 GiB"),
+     "out of GPU memory with --seq_len 128 --batch_seqs 4: .* e.g. --seq_len 64 --batch_seqs 8 "),
+    # how Inductor reports a Flex backward that does not fit a 99 KiB GPU (pytorch/pytorch#133254)
+    (RuntimeError("No valid triton configs. OutOfMemoryError: out of resource: triton_tem_fused_flex_attention_"
+                  "backward_1 Required: 114688 Hardware limit:101376"), "run with --flex_tiles small$")])
+def test_gpu_failures_that_a_flag_fixes_name_the_flag(sample_shards, tmp_path, monkeypatch, error, says):
+    def fail(t, step):
+        raise error
+    monkeypatch.setattr(tg, "train_step", fail)
+    with pytest.raises(SystemExit, match=says):
+        tiny_run(sample_shards, tmp_path, "--num_steps", "2", "--run_id", "oom")
+    assert (tmp_path / "oom.txt").read_text().splitlines()[-1].startswith("error: ")
+
+
+def test_other_errors_keep_their_traceback(sample_shards, tmp_path, monkeypatch):
+    def fail(t, step):
+        raise RuntimeError("a bug")
+    monkeypatch.setattr(tg, "train_step", fail)
+    with pytest.raises(RuntimeError, match="a bug"):
+        tiny_run(sample_shards, tmp_path, "--num_steps", "2")
+
+
+def test_flex_tiles_fit_the_gpus_shared_memory():
+    """Shared memory per block (opt-in) of an RTX 3090/4090 (sm_86/89), an A100 and an H100/H200."""
+    consumer, a100, hopper = 101_376, 166_912, 232_448
+    assert tg.choose_flex_tiles("auto", consumer) == tg.FLEX_SMALL_TILES
+    assert tg.choose_flex_tiles("auto", a100) is None and tg.choose_flex_tiles("auto", hopper) is None
+    assert tg.choose_flex_tiles("small", hopper) == tg.FLEX_SMALL_TILES
+    assert tg.choose_flex_tiles("default", consumer) is None
+    # the tiles must tile the BlockMask's 128-token blocks
+    assert all(tg.MASK_BLOCK % v == 0 for k, v in tg.FLEX_SMALL_TILES.items() if k.startswith("BLOCK"))

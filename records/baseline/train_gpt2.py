@@ -83,6 +83,7 @@ def main(argv=None):
     p.add_argument("--micro_batch", type=int, default=32, help="rows of 1024 tokens per forward")
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--val_every", type=int, default=250)
+    p.add_argument("--num_layers", type=int, default=12, help="GPT-2 small: 12; fewer only for smoke tests")
     p.add_argument("--device", default="cuda")
     p.add_argument("--compile", type=int, default=1)
     p.add_argument("--log_dir", default="logs")
@@ -94,13 +95,16 @@ def main(argv=None):
     run_id = args.run_id or str(uuid.uuid4())
     log_path = start_log(Path(args.log_dir) / f"{run_id}.txt", __file__)
 
+    def amp():  # bf16 autocast on GPU; fp32 on CPU (tests only), where bf16 matmuls run 7-35x slower
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
     def log(line):
         print(line, flush=True)
         with open(log_path, "a") as f:
             f.write(line + "\n")
 
     torch.manual_seed(0)
-    model = GPT2().to(device)
+    model = GPT2(layers=args.num_layers).to(device)
     config = {**vars(args), "num_steps": steps, "tokens_per_step": args.batch_tokens, "seq_len": ctx,
               "num_layers": len(model.blocks), "model_dim": model.wte.embedding_dim,
               "vocab_size": model.wte.num_embeddings}
@@ -132,7 +136,7 @@ def main(argv=None):
         for i in range(0, num_val, args.micro_batch):
             rows = val[i * ctx:(i + args.micro_batch) * ctx + 1].to(device)
             n = (len(rows) - 1) // ctx
-            with torch.autocast(device.type, dtype=torch.bfloat16):
+            with amp():
                 total += fwd(rows[:n * ctx].view(n, ctx), rows[1:n * ctx + 1].view(n, ctx)) * n
         model.train()
         return (total / num_val).item()
@@ -145,7 +149,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     init = {k: v.clone() for k, v in model.state_dict().items()}
     x, y = next_rows()
-    with torch.autocast(device.type, dtype=torch.bfloat16):
+    with amp():
         fwd(x, y).backward()
     validate()
     model.load_state_dict(init)
@@ -168,7 +172,7 @@ def main(argv=None):
         loss = torch.zeros((), device=device)
         for _ in range(accum):
             x, y = next_rows()
-            with torch.autocast(device.type, dtype=torch.bfloat16):
+            with amp():
                 micro = fwd(x, y) / accum
             micro.backward()
             loss += micro.detach()
