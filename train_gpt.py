@@ -67,6 +67,7 @@ def softcap(z: Tensor) -> Tensor:
     """The head's logit cap, in fp32 (the Triton kernel below computes the same in its registers)."""
     return SOFTCAP * torch.sigmoid(z.float() / SOFTCAP_DIV)
 
+
 _scale_tensors = {}
 
 
@@ -883,6 +884,13 @@ def parse_args(argv=None) -> Hyperparameters:
     return Hyperparameters(**vars(parser.parse_args(argv)))
 
 
+def hyperparameters_from(saved: dict) -> Hyperparameters:
+    """The Hyperparameters of a config saved as JSON (a checkpoint's, a log's config line): lists back to
+    tuples, keys this version does not know left out."""
+    known = {f.name for f in dataclasses.fields(Hyperparameters)}
+    return Hyperparameters(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in known})
+
+
 def check_config(cfg: Hyperparameters):
     """Refuse settings that cannot train, before anything is built."""
     for name in ["num_steps", "seq_len", "val_seq_len", "batch_seqs", "val_tokens", "momentum_warmup_steps",
@@ -1154,9 +1162,10 @@ def open_log(t: Trainer, ckpt):
     changed = {k: new for k, (_, new) in config_diff(ckpt["config"], dataclasses.asdict(cfg)).items()}
     t.log(log_line(resumed_from=cfg.resume, step=t.step, world_size=t.comm.world,
                    changed=json.dumps(changed, separators=(",", ":"))))
-    if ckpt["source_sha256"] != source_sha256():
+    source = source_sha256()
+    if ckpt["source_sha256"] != source:
         t.log(log_line(warning="resumed_with_changed_source", checkpoint_sha256=ckpt["source_sha256"][:16],
-                       source_sha256=source_sha256()[:16]))
+                       source_sha256=source[:16]))
 
 
 def build(cfg: Hyperparameters) -> Trainer:
@@ -1196,6 +1205,12 @@ def build(cfg: Hyperparameters) -> Trainer:
     return t
 
 
+def diverged(t: Trainer, what: str) -> UserError:
+    """The error that stops a diverged run: what went non-finite and where, and the checkpoint to go back to."""
+    return UserError(f"{what}: the run diverged. Newest good checkpoint: {t.last_checkpoint or 'none'}. Start again "
+                     f"with lower learning rates")
+
+
 def train_step(t: Trainer, step: int) -> float:
     """One optimizer step over batch_seqs sequences (this rank's share, one per micro-step); returns the mean
     train loss, and stops the run at the first non-finite one."""
@@ -1217,8 +1232,7 @@ def train_step(t: Trainer, step: int) -> float:
     train_loss, t.step = loss_sum / (cfg.batch_seqs * cfg.seq_len), step + 1
     if not math.isfinite(train_loss) or finite < t.comm.world:
         what = "the parameters" if math.isfinite(train_loss) else f"the train loss ({train_loss})"
-        raise UserError(f"{what} became non-finite at step {t.step}: the run diverged. Newest good checkpoint: "
-                        f"{t.last_checkpoint or 'none'}. Start again with lower learning rates")
+        raise diverged(t, f"{what} became non-finite at step {t.step}")
     return train_loss
 
 
@@ -1247,8 +1261,7 @@ def validate(t: Trainer, step: int) -> bool:
     t.log(log_line(step=f"{step}/{cfg.num_steps}", val_loss=f"{val_loss:.4f}", train_time=f"{t.clock.ms:.0f}ms",
                    step_avg=f"{t.clock.ms / max(step, 1):.2f}ms"))
     if not math.isfinite(val_loss):
-        raise UserError(f"val loss is {val_loss} at step {step}: the run diverged. Newest good checkpoint: "
-                        f"{t.last_checkpoint or 'none'}. Start again with lower learning rates")
+        raise diverged(t, f"val loss is {val_loss} at step {step}")
     reached = val_loss <= cfg.target_val_loss
     if reached and not t.reached_target:
         t.reached_target = True
@@ -1263,8 +1276,7 @@ def save_checkpoint(t: Trainer):
     cfg = t.cfg
     t.clock.stop()
     if not all(torch.isfinite(p).all() for p in t.model.parameters()):
-        raise UserError(f"non-finite parameters at step {t.step}: the run diverged and no checkpoint was written. "
-                        f"Newest good checkpoint: {t.last_checkpoint or 'none'}")
+        raise diverged(t, f"non-finite parameters at step {t.step}, so no checkpoint was written")
     ckpt = {"model": t.model.state_dict(), "optimizer": t.opt.state_dict(), "loader": t.train_loader.state(),
             "step": t.step, "train_ms": t.clock.ms, "config": dataclasses.asdict(cfg),
             "source_sha256": source_sha256()}
@@ -1394,8 +1406,7 @@ def generate(argv) -> str:
     except Exception as e:
         raise UserError(f"cannot read checkpoint {args.generate} ({type(e).__name__}): pass one written by "
                         f"train_gpt.py --save_every") from None
-    cfg = Hyperparameters(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()
-                             if k in {f.name for f in dataclasses.fields(Hyperparameters)}})
+    cfg = hyperparameters_from(saved)
     enc = gpt2_encoding()
     prompt = [BOS_ID, *enc.encode_ordinary(args.prompt)]
     limit = max(cfg.seq_len, cfg.val_seq_len)

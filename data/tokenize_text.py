@@ -7,8 +7,8 @@ script of that name in data/ shadows the stdlib module and breaks every other sc
 
 Each .txt file is one document; each line of a .jsonl file is one document (its "text" field). Every document
 gets GPT-2's <|endoftext|> (50256) in front, as in FineWeb. The first --val_tokens tokens go to the val shard,
-the rest to train shards of --shard_tokens tokens (the last one fewer). tiktoken downloads GPT-2's BPE ranks on first use; without network, give
-(and what tiktoken downloads) is the copy shipped as data/gpt2.tiktoken, so no network is needed.
+the rest to train shards of --shard_tokens tokens (the last one fewer). GPT-2's BPE ranks (the file tiktoken
+would download) ship as data/gpt2.tiktoken, so no network is needed; --bpe or $TIKTOKEN_GPT2_BPE names another.
 """
 import argparse
 import json

@@ -25,7 +25,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from train_gpt import SOURCE_END, Hyperparameters, window_blocks, MASK_BLOCK  # noqa: E402
+from train_gpt import SOURCE_END, hyperparameters_from, window_blocks, MASK_BLOCK  # noqa: E402
 
 RECORDS = REPO / "records"
 PAIR = re.compile(r"(\w+):(\S+)")
@@ -210,7 +210,7 @@ def flops_per_token(cfg: dict) -> tuple[float, str]:
     attn_layers = [i for i in range(L) if i not in cfg.get("no_attn_layers", [])]
     n = len(attn_layers) * 4 * d * d + L * 8 * d * d + V * d
     if "max_window" in cfg:  # train_gpt.py: sliding windows, long on some layers, half on the rest
-        hp = Hyperparameters(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in cfg.items()})
+        hp = hyperparameters_from(cfg)
         mean_w = statistics.mean(window_blocks(s, hp) * MASK_BLOCK for s in range(hp.num_steps))
         keys = sum(mean_w / 2 if i in cfg["long_window_layers"] else mean_w / 4 for i in attn_layers)
         how = f"6*{n / 1e6:.1f}M + 12*{d}*(sum over layers of window/2; mean window {mean_w:.0f})"

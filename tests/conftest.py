@@ -21,6 +21,8 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 def load_script(name: str, relpath: str):
     """Import a script from the repo (data/*.py, records/*.py) by path; their folders are not packages."""
     import importlib.util
+    if name in sys.modules:  # once per session: a second copy's functions would not pickle (Pool workers)
+        return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, REPO / relpath)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # so worker processes can unpickle its functions

@@ -1,5 +1,7 @@
 """CPU tests of train_gpt.py's ops and model, each against an independent reference: a brute-force mask, float64
 attention, torch.optim.Adam, an SVD polar factor, complex-number RoPE, the record's layout written out."""
+import dataclasses
+import json
 import math
 
 import numpy as np
@@ -325,6 +327,14 @@ def test_schedules_follow_their_formulas(num_steps):
 
 
 # ---- the recipe: the Aug 2025 record's constants, pinned
+
+def test_a_saved_config_reads_back_as_the_same_hyperparameters():
+    """Checkpoints and log lines keep the config as JSON (tuples become lists); a key from another version of the
+    script is left out rather than refused, so --generate and records/tool.py read older and newer files."""
+    saved = json.loads(json.dumps(dataclasses.asdict(tg.Hyperparameters(num_steps=100, no_attn_layers=(2, 5)))))
+    assert tg.hyperparameters_from({**saved, "from_another_version": 1}) == tg.Hyperparameters(
+        num_steps=100, no_attn_layers=(2, 5))
+
 
 def test_defaults_are_the_aug_2025_record():
     cfg = tg.Hyperparameters()
