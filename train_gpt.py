@@ -110,49 +110,79 @@ if triton is not None:
     def _softcap_ce_kernel(z_ptr, targets_ptr, loss_ptr, g_ptr, T, inv_grad_s, V: tl.constexpr, CAP: tl.constexpr,
                            DIV: tl.constexpr, TOP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr):
         """Rows [pid*BLOCK_T, +BLOCK_T) of softcap_ce_grad: a pass over the vocab for the log-sum-exp, a second
-        that writes each (BLOCK_T x BLOCK_V) tile of the e5m2 grad."""
+        that writes each (BLOCK_T x BLOCK_V) tile of the e5m2 grad.
+        Exponentials are base 2 with log2(e) folded into the constants, and no running max is kept: the capped
+        logits lie in (0, CAP), so exp(c - CAP) lies in (e^-CAP, 1] and a sum of them cannot overflow fp32."""
+        LOG2E: tl.constexpr = 1.4426950408889634
         rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)  # offsets pass 2^31
         live = rows < T
-        m = tl.full((BLOCK_T,), float("-inf"), tl.float32)
         s = tl.zeros((BLOCK_T,), tl.float32)
         for v0 in range(0, V, BLOCK_V):
             cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
             z = tl.load(z_ptr + rows[:, None] * V + cols[None, :], mask=live[:, None], other=0.0).to(tl.float32)
-            c = CAP * tl.sigmoid(z / DIV)
-            m_new = tl.maximum(m, tl.max(c, axis=1))
-            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(c - m_new[:, None]), axis=1)
-            m = m_new
-        lse = m + tl.log(s)
+            sig = 1.0 / (1.0 + tl.exp2(z * (-LOG2E / DIV)))
+            s += tl.sum(tl.exp2((sig - 1.0) * (CAP * LOG2E)), axis=1)  # exp(c - CAP)
+        lse2 = CAP * LOG2E + tl.log2(s)  # log2 of sum(exp(c))
         t = tl.load(targets_ptr + rows, mask=live, other=0).to(tl.int64)
         z_t = tl.load(z_ptr + rows * V + t, mask=live, other=0.0).to(tl.float32)
-        tl.store(loss_ptr + rows, lse - CAP * tl.sigmoid(z_t / DIV), mask=live)
+        sig_t = 1.0 / (1.0 + tl.exp2(z_t * (-LOG2E / DIV)))
+        tl.store(loss_ptr + rows, (lse2 - sig_t * (CAP * LOG2E)) / LOG2E, mask=live)
         for v0 in range(0, V, BLOCK_V):
             cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
             z = tl.load(z_ptr + rows[:, None] * V + cols[None, :], mask=live[:, None], other=0.0).to(tl.float32)
-            sig = tl.sigmoid(z / DIV)
-            p = tl.exp(CAP * sig - lse[:, None])
+            sig = 1.0 / (1.0 + tl.exp2(z * (-LOG2E / DIV)))
+            p = tl.exp2(sig * (CAP * LOG2E) - lse2[:, None])
             dc = tl.where(cols[None, :] == t[:, None], p - 1.0, p)
-            g = dc * (CAP / DIV) * sig * (1.0 - sig) * inv_grad_s
+            g = dc * sig * (1.0 - sig) * (inv_grad_s * CAP / DIV)
             g = tl.minimum(tl.maximum(g, -TOP), TOP).to(tl.float8e5)
             tl.store(g_ptr + rows[:, None] * V + cols[None, :], g, mask=live[:, None])
+
+    @triton.jit
+    def _transpose_bytes_kernel(src_ptr, dst_ptr, R, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+        """dst (C x R) = src (R x C) transposed, for 1-byte elements: a tile is read in rows and written in
+        columns (torch's elementwise copy of a transposed 1-byte tensor is uncoalesced: 314 GB/s on an H200)."""
+        r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+        c = (tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
+        inside = (r[:, None] < R) & (c[None, :] < C)
+        tile = tl.load(src_ptr + r[:, None] * C + c[None, :], mask=inside)
+        tl.store(dst_ptr + c[:, None] * R + r[None, :], tl.trans(tile), mask=tl.trans(inside))
+
+
+# Launch settings measured on an H200 at 49,152 x 50,304 (records/2026-12-03_speed-h200/pieces.txt): the CE
+# kernel (BLOCK_T, BLOCK_V, num_warps) 5.0 ms, the transpose's tile 1.28 ms (3.9 TB/s, a device copy: 4.3 TB/s)
+CE_TILES = (32, 128, 4)
+TRANSPOSE_TILE = (64, 128)
+
+
+def transposed(t: Tensor) -> Tensor:
+    """t.T.contiguous() for a 2-D 1-byte (fp8) tensor; on GPU by the tiled Triton kernel (torch's copy of a
+    transposed 1-byte tensor is an uncoalesced elementwise kernel: 16 ms for the 49,152 x 50,304 logit grad)."""
+    if not (t.is_cuda and triton is not None):
+        return t.T.contiguous()
+    R, C = t.shape
+    out = torch.empty(C, R, device=t.device, dtype=t.dtype)
+    br, bc = TRANSPOSE_TILE
+    _transpose_bytes_kernel[(triton.cdiv(R, br), triton.cdiv(C, bc))](t.view(torch.uint8), out.view(torch.uint8), R, C,
+                                                                      BLOCK_R=br, BLOCK_C=bc, num_warps=8)
+    return out
 
 
 def softcap_ce_grad(z: Tensor, targets: Tensor, grad_s: float) -> tuple[Tensor, Tensor, Tensor]:
     """For logits z (tokens x vocab): per-token cross-entropy of the soft-capped logits c = 30 sigmoid(z / 7.5),
     and its grad dloss/dz in e5m2 units of grad_s, row-major and transposed (the two operands of the head's
-    backward matmuls). On GPU one Triton kernel reads z twice and writes only the fp8 grad; torch.compile's
-    version of the same wrote and re-read fp32/bf16 (tokens x vocab) tensors (~16 ms a micro-step on an H200).
-    The transposed copy is torch's: the kernel's own transposed stores (tl.trans) wrote wrong places on an H200
-    with triton 3.6, while the interpreter got them right. That copy of a 1-byte dtype is uncoalesced: 16 ms a
-    micro-step, 3x the kernel (records/2026-12-03_recipe-h200/), and the next thing to make fast."""
+    backward matmuls: FP8 matmuls take only K-contiguous operands, and K is the token dim for grad_w). On GPU
+    a Triton kernel reads z twice and writes the fp8 grad, and a second one transposes it. (Stores of the
+    transposed tile from the CE kernel itself, as fp8 or as bytes, went to wrong places on an H200 with triton
+    3.6 at BLOCK_V 128 and crawled at 256: a separate transpose costs 0.2 ms more than the broken fused one.)"""
     T, V = z.shape
-    if z.is_cuda and triton is not None and V % 128 == 0:
+    if z.is_cuda and triton is not None and V % CE_TILES[1] == 0:
         loss = torch.empty(T, device=z.device, dtype=torch.float32)
         g = torch.empty(T, V, device=z.device, dtype=torch.float8_e5m2)
-        _softcap_ce_kernel[(triton.cdiv(T, 64),)](z, targets, loss, g, T, 1 / grad_s, V=V, CAP=SOFTCAP,
-                                                  DIV=SOFTCAP_DIV, TOP=E5M2_MAX, BLOCK_T=64, BLOCK_V=128,
-                                                  num_warps=8)
-        return loss, g, g.T.contiguous()
+        block_t, block_v, warps = CE_TILES
+        _softcap_ce_kernel[(triton.cdiv(T, block_t),)](z, targets, loss, g, T, 1 / grad_s, V=V, CAP=SOFTCAP,
+                                                       DIV=SOFTCAP_DIV, TOP=E5M2_MAX, BLOCK_T=block_t,
+                                                       BLOCK_V=block_v, num_warps=warps)
+        return loss, g, transposed(g)
     c = softcap(z)
     lse = torch.logsumexp(c, dim=-1)
     loss = lse - c.gather(1, targets[:, None].long())[:, 0]
@@ -189,8 +219,8 @@ def fp8_mm_backward(g_f8: Tensor, g_f8_t: Tensor, x_f8: Tensor, w_f8: Tensor, x_
                     grad_s: float) -> tuple[Tensor, Tensor]:
     """Grads of x @ w.T from the e5m2 output grad, given twice: row-major for grad_x and transposed for grad_w
     (FP8 matmuls take only K-contiguous operands, and K is the token dim for grad_w)."""
-    grad_x = scaled_mm(g_f8, w_f8.T.contiguous().T, grad_s, w_s, torch.bfloat16, fast_accum=False)
-    grad_w = scaled_mm(g_f8_t, x_f8.T.contiguous().T, grad_s, x_s, torch.float32, fast_accum=False)
+    grad_x = scaled_mm(g_f8, transposed(w_f8).T, grad_s, w_s, torch.bfloat16, fast_accum=False)
+    grad_w = scaled_mm(g_f8_t, transposed(x_f8).T, grad_s, x_s, torch.float32, fast_accum=False)
     return grad_x, grad_w
 
 
@@ -590,7 +620,12 @@ class Block(nn.Module):
         self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0]))  # input = l0 * residual + l1 * embedding
         self.long_window = long_window
 
-    def forward(self, x: Tensor, x0: Tensor, ve, mask) -> Tensor:
+    def forward(self, x: Tensor, x0: Tensor, ve, mask, skip=None) -> Tensor:
+        """skip: (weight, an earlier layer's output) of a U-Net connection, added first. Added here rather than
+        by the caller so that a block-by-block compile fuses it with the rest (eager, its multiply and add and
+        their backward were ~30 full passes over the residual stream per micro-step)."""
+        if skip is not None:
+            x = x + skip[0] * skip[1]
         x = self.lambdas[0] * x + self.lambdas[1] * x0
         if self.attn is not None:
             x = x + self.attn(norm(x), ve, mask)
@@ -634,30 +669,37 @@ class GPT(nn.Module):
         self.head_w = nn.Parameter(torch.zeros(cfg.vocab_size, dim))
         self.head_loss = head_loss
 
-    def compile_regions(self):
-        """Compile each block and the head on its own: backward then finishes block by block, so the grads
-        of late layers are final (and their reduce-scatter starts) while early layers are still running."""
+    def compile_regions(self, whole: bool, backend: str = "inductor"):
+        """torch.compile the blocks and the head, either as one graph (whole) or block by block. One graph fuses
+        the glue between blocks (x0 and value-embedding grads summed, embedding norm) and suits one GPU. Block
+        by block, backward finishes block by block, so the grads of late layers are final (and their
+        reduce-scatter starts) while early layers are still running: what several GPUs need."""
         # each block instance, with and without grad, is its own compiled variant: lift dynamo's cap of 8
         torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
-        for block in self.blocks:
-            block.compile(dynamic=False)
-        self.head_loss = torch.compile(head_loss, dynamic=False)
+        if whole:
+            self.run_blocks = torch.compile(self.run_blocks, dynamic=False, backend=backend)
+        else:
+            for block in self.blocks:
+                block.compile(dynamic=False, backend=backend)
+        self.head_loss = torch.compile(head_loss, dynamic=False, backend=backend)
 
     def hidden(self, idx: Tensor, window_blocks: Tensor) -> Tensor:
         """idx: (T,) token ids of one sequence. Returns the last block's output, (1, T, dim)."""
-        L = len(self.blocks)
         docs = document_ids(idx)
         # long-window layers see window_blocks blocks back, the others half as many (at least one)
         masks = {True: attention_mask(docs, window_blocks),
                  False: attention_mask(docs, torch.clamp(window_blocks // 2, min=1))}
+        return self.run_blocks(idx, masks)
+
+    def run_blocks(self, idx: Tensor, masks: dict) -> Tensor:
+        L = len(self.blocks)
         ve = [e(idx)[None] for e in self.value_embeds]
         ve_of_layer = ve + [None] * (L - 2 * self.num_ve) + ve
         x = x0 = norm(self.embed(idx)[None])
         skips = []
         for i, block in enumerate(self.blocks):
-            if i >= L - L // 2:
-                x = x + self.skip_weights[L - 1 - i] * skips.pop()
-            x = block(x, x0, ve_of_layer[i], masks[block.long_window])
+            skip = (self.skip_weights[L - 1 - i], skips.pop()) if i >= L - L // 2 else None
+            x = block(x, x0, ve_of_layer[i], masks[block.long_window], skip)
             if i < L // 2:
                 skips.append(x)
         return x
@@ -840,7 +882,10 @@ class Hyperparameters:
     # run
     seed: int = H(0, "seed for the parameter init")
     device: str = H("cuda", "cuda, or cpu for tests and tiny smoke runs")
-    compile: bool = H(True, "torch.compile each block and the head (CUDA only)")
+    compile: bool = H(True, "torch.compile the model and the head (CUDA only)")
+    compile_scope: str = H("auto", "what one compiled graph holds: model (all blocks; 2% faster per step on one "
+                                   "H200), blocks (one graph per block, so grads reduce during backward: for "
+                                   "several GPUs, not yet measured there), or auto: model on one GPU, blocks on more")
     warmup_steps: int = H(10, "untimed steps run first to compile, then undone (state restored)")
     log_dir: str = H("logs", "where <run_id>.txt and checkpoints go")
     run_id: str = H("", "log file name; default: a fresh uuid")
@@ -917,6 +962,8 @@ def check_config(cfg: Hyperparameters):
         raise UserError(f"layers {bad} in --long_window_layers/--no_attn_layers do not exist (0..{cfg.num_layers - 1})")
     if cfg.profile_steps and not (len(cfg.profile_steps) == 2 and 0 <= cfg.profile_steps[0] <= cfg.profile_steps[1]):
         raise UserError(f"--profile_steps takes two steps A,B with A <= B (it is {cfg.profile_steps})")
+    if cfg.compile_scope not in ("auto", "model", "blocks"):
+        raise UserError(f"--compile_scope must be auto, model or blocks (it is {cfg.compile_scope!r})")
     if cfg.flex_tiles not in ("auto", "default", "small"):
         raise UserError(f"--flex_tiles must be auto, default or small (it is {cfg.flex_tiles!r})")
     if not 0 <= cfg.cooldown_frac <= 1:
@@ -1198,7 +1245,7 @@ def build(cfg: Hyperparameters) -> Trainer:
     t = Trainer(cfg, comm, device, model, opt, train_loader, val_tokens, run_id, log_path, Stopwatch(device))
     ckpt = load_checkpoint(t, cfg.resume) if cfg.resume else None
     if cfg.compile and device.type == "cuda":
-        model.compile_regions()
+        model.compile_regions(whole=cfg.compile_scope == "model" or (cfg.compile_scope == "auto" and world == 1))
     open_log(t, ckpt)
     for note in notes:
         t.log(note)
@@ -1302,9 +1349,14 @@ def save_checkpoint(t: Trainer):
 # GPU kernels by name, first match wins: where a step's time goes (--profile_steps). cuBLAS names its FP8
 # GEMMs nvjet_sm90_q*; torch's copy kernels (float8_copy_kernel_cuda, ...) are copies, not FP8 GEMMs.
 KERNEL_CATEGORIES = [("copies and fills", r"[Mm]emcpy|[Mm]emset|copy_kernel|[Ff]ill"),
-                     ("softcap CE (Triton)", r"_softcap_ce"), ("FlexAttention", r"flex|triton_tem"),
+                     ("softcap CE + fp8 transposes", r"_softcap_ce|_transpose_bytes"),
+                     ("FlexAttention", r"flex|triton_tem"),
                      ("FP8 GEMM", r"nvjet_sm90_q|e4m3|e5m2"), ("bf16 GEMM", r"gemm|xmma|cutlass|nvjet|cublas"),
                      ("NCCL", r"nccl"), ("Triton fused (compiled)", r"triton"), ("other", r"")]
+
+
+def kernel_category(kernel: str) -> str:
+    return next(name for name, rule in KERNEL_CATEGORIES if re.search(rule, kernel))
 
 
 @contextlib.contextmanager
@@ -1315,18 +1367,22 @@ def profiled(t: Trainer, step: int):
     if step == first and t.device.type == "cuda":
         t.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
         t.profiler.__enter__()
+        t.profiler.clock_ms = t.clock.elapsed_ms()  # the clock synchronized when it last started
     yield
     if step == last and t.profiler is not None:
         t.clock.stop()  # summarizing takes seconds: not training time
         t.profiler.__exit__(None, None, None)
         steps = last - first + 1
+        wall = (t.clock.ms - t.profiler.clock_ms) / steps
         kernels = [(e.key, e.self_device_time_total / 1000 / steps) for e in t.profiler.key_averages()
                    if e.self_device_time_total > 0]
+        busy = sum(ms for _, ms in kernels)
         by_category = {name: 0.0 for name, _ in KERNEL_CATEGORIES}
         for key, ms in kernels:
-            by_category[next(name for name, rule in KERNEL_CATEGORIES if re.search(rule, key))] += ms
-        lines = [f"GPU time per train step, steps {first}..{last} (rank {t.comm.rank}): "
-                 f"{sum(ms for _, ms in kernels):.1f} ms of kernels; step_avg so far {t.clock.ms / max(t.step, 1):.1f} ms"]
+            by_category[kernel_category(key)] += ms
+        lines = [f"GPU time per train step, steps {first}..{last} (rank {t.comm.rank}): {busy:.1f} ms of kernels in "
+                 f"{wall:.1f} ms of training time per step ({busy / wall:.0%} busy; the profiler itself slows the "
+                 f"host); step_avg so far {t.clock.ms / max(t.step, 1):.1f} ms"]
         lines += [f"{name:<26} {ms:9.2f} ms" for name, ms in by_category.items()]
         lines += ["", "costliest kernels (ms per step):"]
         lines += [f"{ms:9.2f}  {key[:150]}" for key, ms in sorted(kernels, key=lambda k: -k[1])[:25]]

@@ -16,6 +16,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
+REFERENCE = "tests/test_train_gpt.py::test_model_equals_float64_reference"
+
 # name: (file, [(text in the file, what it becomes)], the tests (files or node ids) expected to catch it)
 MUTANTS = {
     "document masking removed everywhere": ("train_gpt.py", [
@@ -33,8 +35,24 @@ MUTANTS = {
     "long and short windows swapped": ("train_gpt.py", [
         ("masks[block.long_window]", "masks[not block.long_window]")], ["tests/test_train_gpt.py"]),
     "U-Net skip connections dropped": ("train_gpt.py", [
-        ("                x = x + self.skip_weights[L - 1 - i] * skips.pop()\n", "                skips.pop()\n")],
+        ("skip = (self.skip_weights[L - 1 - i], skips.pop()) if", "skip = (skips.pop(), None)[1] if")],
         ["tests/test_train_gpt.py"]),
+    "U-Net skip weights applied in the wrong order": ("train_gpt.py", [
+        ("skip = (self.skip_weights[L - 1 - i], skips.pop()) if", "skip = (self.skip_weights[i - L // 2], skips.pop()) if")],
+        [REFERENCE]),
+    "QK-norm removed": ("train_gpt.py", [
+        ("q, k = self.rotary(norm(q)), self.rotary(norm(k))", "q, k = self.rotary(q), self.rotary(k)")], [REFERENCE]),
+    "rotary turned the other way": ("train_gpt.py", [
+        ("(x1 * cos + x2 * sin, x2 * cos - x1 * sin)", "(x1 * cos - x2 * sin, x2 * cos + x1 * sin)")], [REFERENCE]),
+    "attention gate after the output projection": ("train_gpt.py", [
+        ("        y = (y * gate[..., None]).reshape(B, T, -1)\n        return mm(y, self.qkvo_w[3].type_as(y).mT)\n",
+         "        y = mm(y.reshape(B, T, -1), self.qkvo_w[3].type_as(y).mT)\n"
+         "        return (y.view(B, T, self.num_heads, -1) * gate[..., None]).view(B, T, -1)\n")], [REFERENCE]),
+    "v not scaled by its lambda": ("train_gpt.py", [
+        ("        v = self.v_lambdas[0] * v\n", "        v = v + 0 * self.v_lambdas[0]\n")], [REFERENCE]),
+    "x0 mixing weights swapped": ("train_gpt.py", [
+        ("x = self.lambdas[0] * x + self.lambdas[1] * x0", "x = self.lambdas[1] * x + self.lambdas[0] * x0")],
+        [REFERENCE]),
     "value embeddings fed to the wrong layers": ("train_gpt.py", [
         ("ve_of_layer = ve + [None] * (L - 2 * self.num_ve) + ve", "ve_of_layer = ve + [None] * (L - 2 * self.num_ve) + ve[::-1]")],
         ["tests/test_train_gpt.py"]),
@@ -42,7 +60,12 @@ MUTANTS = {
         ("    return SOFTCAP * torch.sigmoid(z.float() / SOFTCAP_DIV)", "    return z.float()"),
         ("    g = to_fp8(dc * (SOFTCAP / SOFTCAP_DIV) * sig * (1 - sig), grad_s, torch.float8_e5m2)",
          "    g = to_fp8(dc, grad_s, torch.float8_e5m2)")],
-        ["tests/test_train_gpt.py", "tests/test_training.py::test_softcap_ce_grad_equals_its_formula"]),
+        [REFERENCE, "tests/test_training.py::test_softcap_ce_grad_equals_its_formula"]),
+    "whole-model compile done block by block": ("train_gpt.py", [("        if whole:\n", "        if False:\n")],
+        ["tests/test_training.py::test_both_compile_scopes_compute_the_eager_step"]),
+    "profiler counts torch's copy kernels as other kernels": ("train_gpt.py", [
+        ('r"[Mm]emcpy|[Mm]emset|copy_kernel|[Ff]ill"', 'r"[Mm]emcpy|[Mm]emset|[Ff]ill"')],
+        ["tests/test_training.py::test_profiler_sorts_kernels_by_what_they_do"]),
     "plot draws nothing": ("records/tool.py", [
         ('        by_time.plot([t / 1000 for t in ms], losses, marker=".", label=label)\n', ""),
         ('        by_step.plot(steps, losses, marker=".", label=label)\n', "")], ["tests/test_records.py"]),

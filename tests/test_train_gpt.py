@@ -153,7 +153,9 @@ def test_unet_skips_and_value_embeddings_follow_the_record():
             super().__init__()
             self.i, self.long_window = i, long_window
 
-        def forward(self, x, x0, ve, mask):
+        def forward(self, x, x0, ve, mask, skip=None):
+            if skip is not None:  # (weight, earlier output): the block adds it to its input first
+                x = x + skip[0] * skip[1]
             calls[self.i] = (x.clone(), x0, None if ve is None else ve.float().mean().item())
             return x + (self.i + 1)
 
@@ -170,6 +172,105 @@ def test_unet_skips_and_value_embeddings_follow_the_record():
         assert calls[i][2] == (RECORD_VE[i] + 1 if i in RECORD_VE else None), i
         c += i + 1
         outputs[i] = (a, c)
+
+
+# ---- the whole forward pass against a float64 reference written from the record's description
+
+def ref_rms(x: torch.Tensor) -> torch.Tensor:
+    return x / x.pow(2).mean(-1, keepdim=True).sqrt()
+
+
+def ref_rope(x: torch.Tensor) -> torch.Tensor:
+    """(T, heads, d): dims j and j+d/2 as one complex number turned by -pos*f_j; f_j = (1/1024)^(j/(d/4-1)) for
+    the first d/4 pairs, 0 for the other d/4."""
+    T, d = x.size(0), x.size(-1)
+    f = torch.cat([(1 / 1024) ** torch.linspace(0, 1, d // 4, dtype=torch.float64), torch.zeros(d // 4, dtype=torch.float64)])
+    turn = torch.exp(-1j * torch.arange(T, dtype=torch.float64)[:, None, None] * f)
+    z = torch.complex(x[..., :d // 2], x[..., d // 2:]) * turn
+    return torch.cat([z.real, z.imag], -1)
+
+
+def ref_attention(P: dict, i: int, h: torch.Tensor, ve, visible: torch.Tensor, heads: int) -> torch.Tensor:
+    """Layer i's attention on its normed input h (T, dim), brute force: per head softmax(0.12 q.k) over the
+    visible keys, QK rms-normed then turned, v = l0 v (+ l1 ve), each head's output times sigmoid of a linear
+    map of h's first 12 dims, then the output projection."""
+    T, dim = h.shape
+    W = P[f"blocks.{i}.attn.qkvo_w"]
+    q, k, v = ((h @ W[j].T).view(T, heads, dim // heads) for j in range(3))
+    q, k = ref_rope(ref_rms(q)), ref_rope(ref_rms(k))
+    lam = P[f"blocks.{i}.attn.v_lambdas"]
+    v = lam[0] * v + (lam[1] * ve.view(T, heads, -1) if ve is not None else 0)
+    scores = torch.einsum("qhd,khd->hqk", q, k) * 0.12
+    p = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+    y = torch.einsum("hqk,khd->qhd", p, v)
+    gate = torch.sigmoid(h[:, :12] @ P[f"blocks.{i}.attn.gate_w"].T)  # (T, heads)
+    return (y * gate[..., None]).reshape(T, dim) @ W[3].T
+
+
+def ref_hidden(P: dict, idx: np.ndarray, window: int, heads: int) -> torch.Tensor:
+    """The record's 12 layers (RECORD_* above): x0 = rmsnorm(embedding); each layer first adds its U-Net skip
+    (weight * an earlier layer's output), mixes l0 x + l1 x0, then adds attention and a ReLU^2 MLP of
+    pre-normed inputs."""
+    ids = torch.from_numpy(idx).long()
+    x = x0 = ref_rms(P["embed.weight"][ids])
+    outputs = {}
+    for i in range(12):
+        if i in RECORD_SKIPS:
+            j = RECORD_SKIPS[i]
+            x = x + P["skip_weights"][j] * outputs[j]
+        lam = P[f"blocks.{i}.lambdas"]
+        x = lam[0] * x + lam[1] * x0
+        if i not in RECORD_NO_ATTN:
+            ve = P[f"value_embeds.{RECORD_VE[i]}.weight"][ids] if i in RECORD_VE else None
+            visible = torch.from_numpy(reference_mask(idx, window if i in RECORD_LONG else max(1, window // 2)))
+            x = x + ref_attention(P, i, ref_rms(x), ve, visible, heads)
+        h = ref_rms(x)
+        x = x + torch.relu(h @ P[f"blocks.{i}.mlp.fc_w"]).square() @ P[f"blocks.{i}.mlp.proj_w"].T
+        outputs[i] = x
+    return x
+
+
+def randomized_record_model(seed: int) -> "tg.GPT":
+    """The record's layout at width 64 in fp32, every parameter random and non-zero, so that the zero-initialised
+    paths (output projections, gates, lm_head) and the lambdas take part."""
+    gen = torch.Generator().manual_seed(seed)
+    model = tg.GPT(record_layout_at_tiny_width()).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            scale = 1.0 if p.ndim < 2 or "embed" in name else 1.5 * p.size(-1) ** -0.5
+            p.copy_(torch.randn(p.shape, generator=gen) * scale + (1.0 if name.endswith("lambdas") else 0.0))
+    return model
+
+
+@pytest.mark.parametrize("window", [1, 3])
+def test_model_equals_float64_reference(window):
+    """Hidden states, the loss with the head, and the grads of every kind of parameter against ref_hidden, a float64
+    forward pass written from the record's description (it shares no code with train_gpt.py but the parameter
+    names). At fp32 the model is exact to rounding (1e-5); its head is a bf16 matmul, as the record's, so the
+    reference rounds the head's operands and logits to bf16 too."""
+    model = randomized_record_model(window)
+    tokens = token_layouts(513, 0)["random"]
+    idx, targets = tokens[:-1], tokens[1:]
+    P = {n: p.detach().double().requires_grad_() for n, p in model.named_parameters()}
+    R = torch.randn(512, 64, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    want = ref_hidden(P, idx, window, heads=2)
+    got = model.hidden(torch.from_numpy(idx).int(), torch.tensor(window))[0]
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    # grads of a random projection of the hidden states: every parameter the blocks read
+    (want * R).sum().backward()
+    (got.double() * R).sum().backward()
+    checked = [n for n, p in model.named_parameters() if n != "head_w"]
+    assert len(checked) > 60
+    for name in checked:
+        g, ref = dict(model.named_parameters())[name].grad.double(), P[name].grad
+        assert ((g - ref).norm() / ref.norm()).item() < 1e-4, name
+    # the loss: the soft-capped cross-entropy of z = rmsnorm(hidden) @ head_w.T, a bf16 matmul (bf16 operands and
+    # logits) as in the record
+    z = (ref_rms(want.detach()).bfloat16().double() @ P["head_w"].detach().bfloat16().double().T).bfloat16().double()
+    c = 30 * torch.sigmoid(z / 7.5)
+    want_loss = (torch.logsumexp(c, -1) - c[torch.arange(512), torch.from_numpy(targets).long()]).sum()
+    got_loss = model(torch.from_numpy(idx).int(), torch.from_numpy(targets).int(), torch.tensor(window))
+    assert got_loss.item() == pytest.approx(want_loss.item(), rel=1e-5)
 
 
 # ---- RoPE, soft-cap, loss

@@ -104,6 +104,49 @@ def test_reduce_scatter_starts_during_backward():
     assert opt.launched == 0 and all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.parametrize("whole", [True, False])
+def test_both_compile_scopes_compute_the_eager_step(whole):
+    """--compile_scope model and blocks, traced by torch.compile (aot_eager: dynamo and autograd's graphs
+    without inductor's codegen, which takes minutes on CPU), give the eager model's loss and the grads the
+    optimizer reduces. Block by block, late layers' buckets launch before backward reaches the embedding."""
+    torch._dynamo.reset()  # graphs compiled by earlier tests would be reused without reaching `backend`
+    cfg = tg.parse_args(TINY)
+    seq = torch.randint(0, 50257, (257,), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    seq[::60] = tg.BOS_ID
+    runs = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = tg.GPT(cfg)
+        graphs = []
+
+        def backend(gm, example_inputs):  # aot_eager, noting what each compiled graph holds
+            graphs.append(gm.code)
+            return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+        if compiled:
+            model.compile_regions(whole=whole, backend=backend)
+        opt = tg.ShardedOptimizer(*tg.param_groups(model, cfg)[:1], cfg.muon_lr, tg.param_groups(model, cfg)[1],
+                                  (0.8, 0.95), 1e-10, tg.Comm(0, 1))
+        seen = []
+        model.embed.weight.register_hook(lambda g: seen.append(opt.launched))
+        opt.reduce_in_backward = True
+        loss = model(seq[:-1], seq[1:], torch.tensor(2))
+        loss.backward()
+        assert opt.launched == len(opt.buckets)
+        runs.append((loss.item(), [b.flat.clone() for b in opt.buckets], seen[0], graphs))
+    (eager_loss, eager_grads, _, _), (loss, grads, launched_early, graphs) = runs
+    # compiled, not run eagerly: one graph with the embeddings and every block, or one graph per block
+    with_blocks = [g for g in graphs if "relu(" in g]  # each block's MLP calls relu once
+    assert len(with_blocks) == (1 if whole else cfg.num_layers)
+    assert ("embedding" in with_blocks[0]) == whole
+    assert with_blocks[0].count("relu(") == (cfg.num_layers if whole else 1)
+    assert loss == pytest.approx(eager_loss, rel=1e-6)
+    for a, b in zip(grads, eager_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    if not whole:
+        assert 0 < launched_early < len(runs[0][1])
+
+
 def test_every_parameter_gets_a_gradient():
     """The record's 12-layer layout at tiny width: a parameter that never gets a gradient would stall the
     optimizer's buckets."""
@@ -247,6 +290,34 @@ def test_cuda_softcap_ce_kernel_matches_the_torch_fallback():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_softcap_ce_kernel_at_the_training_shape():
+    """At 49,152 tokens x 50,304 the transposed grad's offsets pass 2^31: every element of it must be the
+    row-major grad's transpose, and sampled rows must match the torch fallback."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    T, V = 49152, 50304
+    z = (torch.randn(T, V, device="cuda", generator=gen) * 8).bfloat16()
+    targets = torch.randint(0, 50257, (T,), device="cuda", generator=gen)
+    loss, g, g_t = tg.softcap_ce_grad(z, targets, tg.HEAD_GRAD_SCALE)
+    assert torch.equal(g_t.view(torch.uint8), g.view(torch.uint8).T)
+    rows = torch.cat([torch.tensor([0, 1, T - 1], device="cuda"),
+                      torch.randint(0, T, (125,), device="cuda", generator=gen)])
+    ref_loss, ref_g, _ = tg.softcap_ce_grad(z[rows].cpu(), targets[rows].cpu(), tg.HEAD_GRAD_SCALE)
+    torch.testing.assert_close(loss[rows].cpu(), ref_loss, atol=1e-4, rtol=1e-5)
+    assert (g[rows].cpu().float() != ref_g.float()).float().mean().item() < 1e-3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_transposed_equals_torch_transpose():
+    """The Triton transpose of fp8 tensors, at the head's shapes and at ragged ones (partial tiles)."""
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    for shape in [(50304, 768), (49152, 768), (1000, 300), (7, 129)]:
+        t = torch.randn(shape, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+        out = tg.transposed(t)
+        assert out.dtype == t.dtype and out.is_contiguous()
+        assert torch.equal(out.view(torch.uint8), t.view(torch.uint8).T), shape
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_fp8_and_flex_match_fallbacks():
     gen = torch.Generator(device="cuda").manual_seed(0)
     a = torch.randn(256, 256, device="cuda", generator=gen).to(torch.float8_e4m3fn)
@@ -263,6 +334,27 @@ def test_cuda_fp8_and_flex_match_fallbacks():
     dense = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), scale=0.12,
                                            attn_mask=tg.dense_attention_mask(docs, w)).transpose(1, 2)
     torch.testing.assert_close(flex, dense, atol=2e-2, rtol=2e-2)
+
+
+def test_profiler_sorts_kernels_by_what_they_do():
+    """Kernel names as torch.profiler reported them on an H200 (records/*/profiles/): a float8 copy is a copy,
+    not an FP8 GEMM; cuBLAS's nvjet kernels are FP8 GEMMs only with q in their tile code."""
+    names = {
+        "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::float8_copy_"
+        "kernel_cuda(at::TensorIteratorBase&)::{lambda(c": "copies and fills",
+        "Memcpy DtoD (Device -> Device)": "copies and fills",
+        "_softcap_ce_kernel": "softcap CE + fp8 transposes",
+        "_transpose_bytes_kernel": "softcap CE + fp8 transposes",
+        "triton_tem_fused__unsafe_view_flex_attention_backward_mul_sigmoid_transpose_unsqueeze_view_5": "FlexAttention",
+        "nvjet_sm90_qqtst_192x192_128x4_2x1_v_bz_coopB_TNN": "FP8 GEMM",
+        "nvjet_sm90_qrsss_128x160_128x5_1x2_h_bz_coopA_algo2_TNT": "FP8 GEMM",
+        "nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN": "bf16 GEMM",
+        "void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float>": "bf16 GEMM",
+        "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "NCCL",
+        "triton_poi_fused__unsafe_view_pow_relu_10": "Triton fused (compiled)",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>": "other",
+    }
+    assert {name: tg.kernel_category(name) for name in names} == names
 
 
 # ---- data
