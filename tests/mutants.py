@@ -17,6 +17,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 REFERENCE = "tests/test_train_gpt.py::test_model_equals_float64_reference"
+GOLDEN = "tests/test_training.py::test_golden_loss_curve"
 
 # name: (file, [(text in the file, what it becomes)], the tests (files or node ids) expected to catch it)
 MUTANTS = {
@@ -41,9 +42,11 @@ MUTANTS = {
         ("skip = (self.skip_weights[L - 1 - i], skips.pop()) if", "skip = (self.skip_weights[i - L // 2], skips.pop()) if")],
         [REFERENCE]),
     "QK-norm removed": ("train_gpt.py", [
-        ("q, k = self.rotary(norm(q)), self.rotary(norm(k))", "q, k = self.rotary(q), self.rotary(k)")], [REFERENCE]),
+        ("q, k = self.rotary(norm(q)), self.rotary(norm(k))", "q, k = self.rotary(q), self.rotary(k)")],
+        [REFERENCE, GOLDEN]),
     "rotary turned the other way": ("train_gpt.py", [
-        ("(x1 * cos + x2 * sin, x2 * cos - x1 * sin)", "(x1 * cos - x2 * sin, x2 * cos + x1 * sin)")], [REFERENCE]),
+        ("(x1 * cos + x2 * sin, x2 * cos - x1 * sin)", "(x1 * cos - x2 * sin, x2 * cos + x1 * sin)")],
+        [REFERENCE, GOLDEN]),
     "attention gate after the output projection": ("train_gpt.py", [
         ("        y = (y * gate[..., None]).reshape(B, T, -1)\n        return mm(y, self.qkvo_w[3].type_as(y).mT)\n",
          "        y = mm(y.reshape(B, T, -1), self.qkvo_w[3].type_as(y).mT)\n"
