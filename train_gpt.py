@@ -25,6 +25,7 @@ import math
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -775,13 +776,52 @@ def load_shard(path: str) -> np.ndarray:
     return tokens
 
 
-def find_shards(pattern: str) -> list:
+def find_shards(pattern: str, flag: str = "--train_files") -> list:
+    """The files the glob matches, sorted, each a readable shard: fail before training, not an hour into it."""
+    if os.path.isdir(pattern):
+        raise ShardFormatError(f"{flag} {pattern!r} is a folder: pass a glob of its shards, e.g. "
+                               f"'{os.path.join(pattern, '*.bin')}'")
     files = sorted(glob.glob(pattern))
     if not files:
         raise ShardFormatError(f"no shards match {pattern!r}: {DATA_HINT}")
     for f in files:
-        read_header(f)  # fail before training, not an hour into it
+        if os.path.isdir(f):
+            raise ShardFormatError(f"{flag} {pattern!r} matches the folder {f}: make the glob match only shards")
+        if not os.path.exists(f):  # glob lists a broken symbolic link
+            raise ShardFormatError(f"{f} is a link to {os.readlink(f)!r}, which does not exist: fix or remove it")
+        read_header(f)
     return files
+
+
+FINGERPRINT_BYTES = 2**20
+
+
+def shard_fingerprint(path: str) -> list:
+    """[name, bytes, hash of the first and last MiB]: what a checkpoint records of each shard it read, so that a
+    resume notices other data under the same glob without reading whole shards."""
+    size = os.path.getsize(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        digest.update(f.read(FINGERPRINT_BYTES))
+        f.seek(max(FINGERPRINT_BYTES, size - FINGERPRINT_BYTES))
+        digest.update(f.read())
+    return [os.path.basename(path), size, digest.hexdigest()[:16]]
+
+
+def data_changes(flag: str, pattern: str, then: list, now: list) -> str:
+    """How the shards a checkpoint read (`then`, shard_fingerprint lists) differ from the ones the glob matches
+    now; empty if they are the same."""
+    if len(then) != len(now):
+        gone = sorted({n for n, *_ in then} - {n for n, *_ in now})
+        return (f"{flag} {pattern!r} matches {len(now)} shards, and {len(then)} when the checkpoint was written"
+                + (f" (missing now: {', '.join(gone[:5])})" if gone else ""))
+    for (name, size, digest), (name_now, size_now, digest_now) in zip(then, now):
+        if name != name_now:
+            return f"{flag} matched {name} at this place when the checkpoint was written, {name_now} now"
+        if (size, digest) != (size_now, digest_now):
+            what = f"{size:,} bytes then, {size_now:,} now" if size != size_now else "the same size, other content"
+            return f"shard {name} ({flag}) is not the one the checkpoint read: {what}"
+    return ""
 
 
 class TrainLoader:
@@ -793,8 +833,14 @@ class TrainLoader:
         self.files = find_shards(pattern)
         self.seq_len, self.batch_seqs, self.rank, self.world = seq_len, batch_seqs, rank, world
         self.load_state({"shard": 0, "pos": 0})
+        self._next_start()  # shards without a single document start fail here, before the log is created
+        if self.shard:
+            self.load_state({"shard": 0, "pos": 0})
 
     def load_state(self, state: dict):
+        if not 0 <= state["shard"] < len(self.files):
+            raise UserError(f"the checkpoint's data position is shard {state['shard']}, but --train_files matches "
+                            f"{len(self.files)} shards: resume with the shards the run trained on")
         self.shard, self.pos = state["shard"], state["pos"]
         self.tokens = load_shard(self.files[self.shard])
         self.bos = np.flatnonzero(self.tokens == BOS_ID)
@@ -821,10 +867,21 @@ class TrainLoader:
         return seqs
 
 
+def val_files_read(pattern: str, num_tokens: int) -> list:
+    """The val shards that load_val_tokens reads for num_tokens tokens (+1)."""
+    files, have = [], 0
+    for f in find_shards(pattern, "--val_files"):
+        files.append(f)
+        have += read_header(f)
+        if have >= num_tokens + 1:
+            break
+    return files
+
+
 def load_val_tokens(pattern: str, num_tokens: int) -> Tensor:
     """The first num_tokens (+1, the last target) tokens of the val shards, in order."""
     tokens, have = [], 0
-    for f in find_shards(pattern):
+    for f in find_shards(pattern, "--val_files"):
         tokens.append(load_shard(f)[:num_tokens + 1 - have])
         have += len(tokens[-1])
         if have == num_tokens + 1:
@@ -899,6 +956,9 @@ class Hyperparameters:
 # settings that may differ between a checkpoint and the run resuming it: none of them changes the training
 RESUME_FREE = ("log_dir", "run_id", "val_every", "save_every", "keep_last", "warmup_steps", "resume",
                "target_val_loss", "stop_at_target", "profile_steps", "flex_tiles")
+# and these may change on resume too, logged: lower rates are how a diverged run continues from a checkpoint
+RESUME_ADJUSTABLE = ("muon_lr", "head_lr", "embed_lr", "scalar_lr")
+RUN_ID_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # a plain file name; 200 leaves room for _step...
 
 
 class _Parser(argparse.ArgumentParser):
@@ -962,6 +1022,19 @@ def check_config(cfg: Hyperparameters):
         raise UserError(f"layers {bad} in --long_window_layers/--no_attn_layers do not exist (0..{cfg.num_layers - 1})")
     if cfg.profile_steps and not (len(cfg.profile_steps) == 2 and 0 <= cfg.profile_steps[0] <= cfg.profile_steps[1]):
         raise UserError(f"--profile_steps takes two steps A,B with A <= B (it is {cfg.profile_steps})")
+    for name in ["muon_lr", "head_lr", "embed_lr", "scalar_lr"]:
+        if not 0 <= getattr(cfg, name) < math.inf:
+            raise UserError(f"--{name} must be a finite number, 0 or more (it is {getattr(cfg, name)})")
+    for name in ["adam_beta1", "adam_beta2"]:
+        if not 0 <= getattr(cfg, name) < 1:
+            raise UserError(f"--{name} must be at least 0 and below 1 (it is {getattr(cfg, name)})")
+    if not 0 < cfg.adam_eps < math.inf:
+        raise UserError(f"--adam_eps must be a finite number above 0 (it is {cfg.adam_eps})")
+    if cfg.device not in ("cuda", "cpu"):
+        raise UserError(f"--device must be cuda or cpu (it is {cfg.device!r})")
+    if cfg.run_id and not RUN_ID_CHARS.fullmatch(cfg.run_id):
+        raise UserError(f"--run_id {cfg.run_id[:60]!r}{'...' if len(cfg.run_id) > 60 else ''} is not a plain file "
+                        f"name: use letters, digits, '.', '_' and '-', at most 200 (it names the log and checkpoints)")
     if cfg.compile_scope not in ("auto", "model", "blocks"):
         raise UserError(f"--compile_scope must be auto, model or blocks (it is {cfg.compile_scope!r})")
     if cfg.flex_tiles not in ("auto", "default", "small"):
@@ -1003,9 +1076,21 @@ SOURCE_END = "=" * 100  # the line that ends the copy of this script at the top 
 
 
 def start_log(path: Path, script: str) -> Path:
-    """A log starts with the script's source and the environment, each closed by SOURCE_END."""
+    """A log starts with the script's source and the environment, each closed by SOURCE_END. The header is
+    written to a file of its own and linked into place, which fails if the log exists: a disk too full for the
+    header leaves no empty log behind, and of two launches with one run_id only one gets the log."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{Path(script).read_text()}\n{SOURCE_END}\n{environment()}\n{SOURCE_END}\n")
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        tmp.write_text(f"{Path(script).read_text()}\n{SOURCE_END}\n{environment()}\n{SOURCE_END}\n")
+        os.link(tmp, path)
+    except FileExistsError:
+        raise UserError(f"{path} exists: another launch with this --run_id took it first; pass another --run_id") from None
+    except OSError as e:
+        raise UserError(f"cannot write the log {path} ({e.strerror or e}): free disk space or pick another "
+                        f"--log_dir") from None
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -1035,9 +1120,10 @@ def config_diff(saved: dict, now: dict) -> dict:
 
 
 def write_durably(obj, path: Path):
-    """torch.save to path.tmp, fsync, rename over path, fsync the folder: after a crash or power loss the
-    checkpoint is either complete or absent, never half-written, and an older one is never touched."""
-    tmp = path.with_suffix(".tmp")
+    """torch.save to a .tmp file of this writer's own, fsync, rename over path, fsync the folder: after a crash
+    or power loss the checkpoint is either complete or absent, never half-written, and an older one is never
+    touched."""
+    tmp = path.with_name(f"{path.stem}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         with open(tmp, "wb") as f:
             torch.save(obj, f)
@@ -1054,7 +1140,30 @@ def write_durably(obj, path: Path):
         os.close(folder)
 
 
-CHECKPOINT_KEYS = {"model", "optimizer", "loader", "step", "train_ms", "config", "source_sha256"}
+# what a checkpoint holds, with each value's type; "run_id" and "data" (shard fingerprints) since 2026-12-03
+CHECKPOINT_KEYS = {"model": dict, "optimizer": dict, "loader": dict, "step": int, "train_ms": (int, float),
+                   "config": dict, "source_sha256": str}
+
+
+def checkpoint_problem(ckpt) -> str:
+    """Why an unpickled object is not a checkpoint train_gpt.py can use, or ''."""
+    if not isinstance(ckpt, dict) or not CHECKPOINT_KEYS.keys() <= ckpt.keys():
+        return "not a checkpoint written by train_gpt.py"
+    wrong = [f"{k} is a {type(ckpt[k]).__name__}" for k, kind in CHECKPOINT_KEYS.items() if not isinstance(ckpt[k], kind)]
+    if not wrong and not (isinstance(ckpt["loader"].get("shard"), int) and isinstance(ckpt["loader"].get("pos"), int)):
+        wrong = ["its loader position is not two integers"]
+    return f"not a checkpoint written by train_gpt.py ({'; '.join(wrong)})" if wrong else ""
+
+
+def checkpoint_files(folder: Path, run_id: str) -> dict:
+    """{step: path} of this run's checkpoints in folder, matched by exact name (a run_id is not a pattern)."""
+    name = re.compile(re.escape(run_id) + r"_step(\d{6})\.pt")
+    return {int(m.group(1)): folder / f for f in os.listdir(folder) if (m := name.fullmatch(f))}
+
+
+def is_own_tmp(name: str, run_id: str) -> bool:
+    """A .tmp file left by a checkpoint write of this run_id that a crash interrupted."""
+    return re.fullmatch(re.escape(run_id) + r"_step\d{6}(\.[0-9a-f]{8})?\.tmp", name) is not None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1102,6 +1211,16 @@ class Trainer:
     log_open: bool = False
     windows: dict = field(default_factory=dict)
     profiler: object = None
+    fingerprints: dict = None     # of the shards this run reads, once a checkpoint needs them
+
+    def data(self) -> dict:
+        """Fingerprints of the train shards and of the val shards that val_tokens reaches."""
+        if self.fingerprints is None:
+            cfg = self.cfg
+            self.fingerprints = {"train": [shard_fingerprint(f) for f in self.train_loader.files],
+                                 "val": [shard_fingerprint(f) for f in
+                                         val_files_read(cfg.val_files, len(self.val_tokens) - 1)]}
+        return self.fingerprints
 
     def log(self, line: str):
         if self.comm.rank == 0:
@@ -1139,9 +1258,49 @@ def setup(cfg: Hyperparameters):
     return rank, world, device
 
 
-def check_log_dir(cfg: Hyperparameters, log_path: Path, comm: Comm):
-    """Rank 0 writes the log: refuse a folder it cannot write, and a log that exists (logs are only appended:
-    a new run must not overwrite an old one's)."""
+def read_checkpoint(cfg: Hyperparameters, comm: Comm) -> dict:
+    """The checkpoint --resume names, read by every rank (weights only: a checkpoint never runs code), all of
+    them succeeding; its settings must equal this run's but for RESUME_FREE and RESUME_ADJUSTABLE."""
+    path, ckpt, problem = cfg.resume, None, ""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        problem = checkpoint_problem(ckpt)
+    except FileNotFoundError:
+        problem = "no such file"
+    except Exception as e:  # truncated zip, foreign pickle, a pickled object that is not plain data
+        problem = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'unreadable'}"
+    if not comm.all_ok(not problem):
+        raise UserError(f"cannot read checkpoint {path}: {problem or 'another rank could not read it'}. Pass a "
+                        f"complete checkpoint of train_gpt.py, at a path every rank can read (with several "
+                        f"nodes: a shared file system, or a copy at the same path on each node)")
+    unknown = sorted(ckpt["config"].keys() - {f.name for f in dataclasses.fields(Hyperparameters)})
+    if unknown:
+        raise UserError(f"checkpoint {path} was written by another version of train_gpt.py, with settings this one "
+                        f"does not know: {', '.join(unknown)}. Resume it with the version that wrote it (its source "
+                        f"sha256 starts {ckpt['source_sha256'][:16]}; its log holds that source)")
+    diff = {k: v for k, v in config_diff(ckpt["config"], dataclasses.asdict(cfg)).items()
+            if k not in RESUME_FREE + RESUME_ADJUSTABLE}
+    if diff:
+        listed = "; ".join(f"{k}: {old!r} in the checkpoint, {new!r} now" for k, (old, new) in diff.items())
+        raise UserError(f"checkpoint {path} belongs to another run: {listed}. Resume with its settings (only "
+                        f"{', '.join(RESUME_FREE + RESUME_ADJUSTABLE)} may change)")
+    if ckpt["step"] >= cfg.num_steps:
+        raise UserError(f"checkpoint {path} is at step {ckpt['step']}, the run's last (--num_steps "
+                        f"{cfg.num_steps}): there is nothing left to train")
+    return ckpt
+
+
+def log_owner(log_path: Path):
+    """(run_id, config) from a log's config line, or None if it has none."""
+    for line in log_path.read_text(errors="replace").split(f"\n{SOURCE_END}\n")[-1].splitlines():
+        if m := re.match(r"config:(\S+) .*\brun_id:(\S+)", line):
+            return m.group(2), json.loads(m.group(1))
+    return None
+
+
+def check_log_dir(cfg: Hyperparameters, log_path: Path, comm: Comm, ckpt):
+    """Rank 0 writes the log: refuse a folder it cannot write, a log that exists (logs are only appended: a new
+    run must not overwrite an old one's), and, on resume, a log that belongs to another run."""
     problem = ""
     if comm.rank == 0:
         try:
@@ -1154,61 +1313,76 @@ def check_log_dir(cfg: Hyperparameters, log_path: Path, comm: Comm):
         if not problem and log_path.exists() and not cfg.resume:
             problem = (f"{log_path} exists: pass another --run_id, or --resume one of its checkpoints to "
                        f"continue it")
+        elif not problem and log_path.exists():
+            problem = resume_log_problem(log_path, ckpt, cfg.resume)
     if not comm.all_ok(not problem):
         raise UserError(problem or "rank 0 cannot write the log")
 
 
-def load_checkpoint(t: Trainer, path: str):
-    """Continue from a checkpoint: every rank reads it (weights only: a checkpoint never runs code) and all of
-    them must succeed; its settings must equal this run's but for RESUME_FREE."""
-    cfg, ckpt, problem = t.cfg, None, ""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        if not isinstance(ckpt, dict) or not CHECKPOINT_KEYS <= ckpt.keys():
-            problem = "not a checkpoint written by train_gpt.py"
-    except FileNotFoundError:
-        problem = "no such file"
-    except Exception as e:  # truncated zip, foreign pickle, a pickled object that is not plain data
-        problem = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'unreadable'}"
-    if not t.comm.all_ok(not problem):
-        raise UserError(f"cannot read checkpoint {path}: {problem or 'another rank could not read it'}. Pass a "
-                        f"complete checkpoint of train_gpt.py, at a path every rank can read (with several "
-                        f"nodes: a shared file system, or a copy at the same path on each node)")
-    diff = {k: v for k, v in config_diff(ckpt["config"], dataclasses.asdict(cfg)).items() if k not in RESUME_FREE}
-    if diff:
-        listed = "; ".join(f"{k}: {old!r} in the checkpoint, {new!r} now" for k, (old, new) in diff.items())
-        raise UserError(f"checkpoint {path} belongs to another run: {listed}. Resume with its settings (only "
-                        f"{', '.join(RESUME_FREE)} may change)")
-    if ckpt["step"] >= cfg.num_steps:
-        raise UserError(f"checkpoint {path} is at step {ckpt['step']}, the run's last (--num_steps "
-                        f"{cfg.num_steps}): there is nothing left to train")
+def resume_log_problem(log_path: Path, ckpt: dict, ckpt_path: str) -> str:
+    """Why a resumed run must not append to this existing log (it is another run's), or ''."""
+    owner = log_owner(log_path)
+    if owner is None:
+        return f"{log_path} has no config line, so it is no run's log to continue: pass another --run_id"
+    run_id, config = owner
+    if "run_id" in ckpt:
+        same = ckpt["run_id"] == run_id
+    else:  # checkpoints before 2026-12-03 do not name their run: compare the settings that define it
+        same = not {k for k in config_diff(config, ckpt["config"]) if k not in RESUME_FREE + RESUME_ADJUSTABLE}
+    return "" if same else (f"{log_path} is the log of run {run_id}, and {ckpt_path} is a checkpoint of another "
+                            f"run: pass --run_id {ckpt.get('run_id', '<its run id>')} to append to its log, or a "
+                            f"new --run_id for a log of its own")
+
+
+def restore(t: Trainer, ckpt: dict):
+    """Continue from a checkpoint read by read_checkpoint: the same data, then every state."""
+    cfg = t.cfg
+    if "data" in ckpt:
+        now = t.data()
+        change = (data_changes("--train_files", cfg.train_files, ckpt["data"]["train"], now["train"])
+                  or data_changes("--val_files", cfg.val_files, ckpt["data"]["val"], now["val"]))
+        if change:
+            raise UserError(f"{change}. Checkpoint {cfg.resume} continues only on the data it was trained on")
     try:
         t.model.load_state_dict(ckpt["model"])
         t.opt.load_state_dict(ckpt["optimizer"])
-        t.train_loader.load_state(ckpt["loader"])
-    except (RuntimeError, KeyError, IndexError, ValueError) as e:
-        raise UserError(f"checkpoint {path} does not fit this model: {str(e).strip().splitlines()[0]}") from None
-    t.step, t.clock.ms, t.last_checkpoint = ckpt["step"], ckpt["train_ms"], path
-    return ckpt
+    except (RuntimeError, KeyError, IndexError, ValueError, TypeError) as e:
+        raise UserError(f"checkpoint {cfg.resume} does not fit this model: {str(e).strip().splitlines()[0]}") from None
+    t.train_loader.load_state(ckpt["loader"])
+    t.step, t.clock.ms, t.last_checkpoint = ckpt["step"], ckpt["train_ms"], cfg.resume
 
 
 def open_log(t: Trainer, ckpt):
-    """A new run starts its log with the source, environment and config; a resumed one appends to it."""
+    """A new log starts with the source, environment and config; a resumed run appends a resumed_from line (to
+    its own log, or after the config line of a new one)."""
     cfg = t.cfg
+    new, problem = False, ""
     if t.comm.rank == 0:
         print(f"log: {t.log_path}", flush=True)
-        if not t.log_path.exists():
-            start_log(t.log_path, __file__)
-        for stale in t.log_path.parent.glob(f"{t.run_id}_step*.tmp"):  # a save that a crash interrupted
-            stale.unlink()
+        if ckpt is None or not t.log_path.exists():  # a fresh run's log must not exist, even if one appeared
+            try:                                     # since check_log_dir looked: another launch's
+                start_log(t.log_path, __file__)
+                new = True
+            except UserError as e:
+                problem = str(e)
+        for stale in os.listdir(t.log_path.parent):  # a checkpoint write that a crash interrupted
+            if is_own_tmp(stale, t.run_id):
+                (t.log_path.parent / stale).unlink()
+    if not t.comm.all_ok(not problem):
+        raise UserError(problem or "rank 0 could not create the log")
     t.log_open = True
-    if ckpt is None:
+    if new or ckpt is None:
         t.log(log_line(config=json.dumps(dataclasses.asdict(cfg), separators=(",", ":")),
                        world_size=t.comm.world, run_id=t.run_id))
+    if ckpt is None:
         return
     changed = {k: new for k, (_, new) in config_diff(ckpt["config"], dataclasses.asdict(cfg)).items()}
     t.log(log_line(resumed_from=cfg.resume, step=t.step, world_size=t.comm.world,
                    changed=json.dumps(changed, separators=(",", ":"))))
+    rates = {k: changed[k] for k in RESUME_ADJUSTABLE if k in changed}
+    if rates:
+        t.log(log_line(note="resumed_with_changed_learning_rates", **{k: f"{ckpt['config'][k]}->{v}"
+                                                                     for k, v in rates.items()}))
     source = source_sha256()
     if ckpt["source_sha256"] != source:
         t.log(log_line(warning="resumed_with_changed_source", checkpoint_sha256=ckpt["source_sha256"][:16],
@@ -1216,8 +1390,8 @@ def open_log(t: Trainer, ckpt):
 
 
 def build(cfg: Hyperparameters) -> Trainer:
-    """Everything that can fail on the user's input, before the log is created: flags, launch, log folder,
-    data, checkpoint."""
+    """Everything that can fail on the user's input, before the log is created: flags, launch, checkpoint, log
+    folder, data."""
     check_config(cfg)
     rank, world, device = setup(cfg)
     comm = Comm(rank, world, device)
@@ -1232,9 +1406,11 @@ def build(cfg: Hyperparameters) -> Trainer:
         flex_kernel_options = choose_flex_tiles(cfg.flex_tiles, smem)
         if flex_kernel_options and cfg.flex_tiles == "auto":
             notes.append(log_line(note="flex_small_tiles", why=f"{smem // 1024}KiB_shared_memory_per_block"))
-    run_id = cfg.run_id or str(uuid.uuid4())
+    ckpt = read_checkpoint(cfg, comm) if cfg.resume else None
+    # a resumed run keeps its run_id, and so its log, unless told otherwise
+    run_id = cfg.run_id or (ckpt or {}).get("run_id") or str(uuid.uuid4())
     log_path = Path(cfg.log_dir) / f"{run_id}.txt"
-    check_log_dir(cfg, log_path, comm)
+    check_log_dir(cfg, log_path, comm, ckpt)
     train_loader = TrainLoader(cfg.train_files, cfg.seq_len, cfg.batch_seqs, rank, world)
     val_tokens = load_val_tokens(cfg.val_files, cfg.val_tokens // cfg.val_seq_len * cfg.val_seq_len)
     torch.manual_seed(cfg.seed)
@@ -1243,7 +1419,8 @@ def build(cfg: Hyperparameters) -> Trainer:
     opt = ShardedOptimizer(muon_params, cfg.muon_lr, adam_groups, (cfg.adam_beta1, cfg.adam_beta2),
                            cfg.adam_eps, comm)
     t = Trainer(cfg, comm, device, model, opt, train_loader, val_tokens, run_id, log_path, Stopwatch(device))
-    ckpt = load_checkpoint(t, cfg.resume) if cfg.resume else None
+    if ckpt is not None:
+        restore(t, ckpt)
     if cfg.compile and device.type == "cuda":
         model.compile_regions(whole=cfg.compile_scope == "model" or (cfg.compile_scope == "auto" and world == 1))
     open_log(t, ckpt)
@@ -1253,14 +1430,20 @@ def build(cfg: Hyperparameters) -> Trainer:
 
 
 def diverged(t: Trainer, what: str) -> UserError:
-    """The error that stops a diverged run: what went non-finite and where, and the checkpoint to go back to."""
-    return UserError(f"{what}: the run diverged. Newest good checkpoint: {t.last_checkpoint or 'none'}. Start again "
-                     f"with lower learning rates")
+    """The error that stops a diverged run: what went wrong and where, and the checkpoint to go back to."""
+    return UserError(f"{what}: the run diverged. Newest good checkpoint: {t.last_checkpoint or 'none'}. Resume from "
+                     f"it with lower learning rates (--{', --'.join(RESUME_ADJUSTABLE)} may change on resume), or "
+                     f"start again with lower ones")
+
+
+LEARNING_BY_STEP = 10  # a run whose train loss is no better (by 0.01) than a uniform guess by this step stops
 
 
 def train_step(t: Trainer, step: int) -> float:
     """One optimizer step over batch_seqs sequences (this rank's share, one per micro-step); returns the mean
-    train loss, and stops the run at the first non-finite one."""
+    train loss. Stops the run at the first non-finite loss or parameter, and at a loss that is still no better
+    than guessing uniformly after LEARNING_BY_STEP steps: weights blown up by a huge learning rate can keep a
+    finite, soft-capped loss forever (the recipe's runs are below that loss from step 2)."""
     cfg = t.cfg
     window = t.window(step)
     loss = torch.zeros((), device=t.device)
@@ -1280,6 +1463,10 @@ def train_step(t: Trainer, step: int) -> float:
     if not math.isfinite(train_loss) or finite < t.comm.world:
         what = "the parameters" if math.isfinite(train_loss) else f"the train loss ({train_loss})"
         raise diverged(t, f"{what} became non-finite at step {t.step}")
+    uniform = math.log(cfg.vocab_size)
+    if t.step >= LEARNING_BY_STEP and train_loss > uniform - 0.01:
+        raise diverged(t, f"the train loss at step {t.step}, {train_loss:.4f}, is no better than guessing uniformly "
+                          f"among {cfg.vocab_size:,} tokens (ln {cfg.vocab_size} = {uniform:.4f})")
     return train_loss
 
 
@@ -1326,7 +1513,7 @@ def save_checkpoint(t: Trainer):
         raise diverged(t, f"non-finite parameters at step {t.step}, so no checkpoint was written")
     ckpt = {"model": t.model.state_dict(), "optimizer": t.opt.state_dict(), "loader": t.train_loader.state(),
             "step": t.step, "train_ms": t.clock.ms, "config": dataclasses.asdict(cfg),
-            "source_sha256": source_sha256()}
+            "source_sha256": source_sha256(), "run_id": t.run_id, "data": t.data()}
     path = Path(cfg.log_dir) / f"{t.run_id}_step{t.step:06d}.pt"
     problem = ""
     if t.comm.rank == 0:
@@ -1334,15 +1521,19 @@ def save_checkpoint(t: Trainer):
             write_durably(ckpt, path)
         except OSError as e:
             problem = e.strerror or str(e)
+        except RuntimeError as e:  # torch.save's zip writer turns a failed write into "unexpected pos ..."
+            free = shutil.disk_usage(path.parent).free
+            problem = f"torch.save: {str(e).strip().splitlines()[0][:120]}; {free / 2**20:,.0f} MiB free on that disk"
     if not t.comm.all_ok(not problem):
         raise UserError(f"could not write checkpoint {path} ({problem or 'rank 0 failed'}); the newest complete "
                         f"one, {t.last_checkpoint or 'none'}, is intact. Free disk space or point --log_dir elsewhere")
     t.last_checkpoint = str(path)
     t.log(log_line(checkpoint=path))
     if t.comm.rank == 0 and cfg.keep_last:
-        for old in sorted(path.parent.glob(f"{t.run_id}_step*.pt"))[:-cfg.keep_last]:
-            if old != path:
-                old.unlink()
+        saved = checkpoint_files(path.parent, t.run_id)
+        for step in sorted(saved)[:-cfg.keep_last]:
+            if saved[step] != path:
+                saved[step].unlink()
     t.clock.start()
 
 
@@ -1456,13 +1647,23 @@ def generate(argv) -> str:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
     args = parser.parse_args(argv)
+    if args.device not in ("cuda", "cpu") or (args.device == "cuda" and not torch.cuda.is_available()):
+        raise UserError(f"--device {args.device}: " + ("no CUDA GPU is visible; pass --device cpu"
+                                                       if args.device == "cuda" else "must be cuda or cpu"))
     try:
         ckpt = torch.load(args.generate, map_location="cpu", weights_only=True)
-        saved = ckpt["config"]
+        problem = checkpoint_problem(ckpt)
     except Exception as e:
-        raise UserError(f"cannot read checkpoint {args.generate} ({type(e).__name__}): pass one written by "
-                        f"train_gpt.py --save_every") from None
-    cfg = hyperparameters_from(saved)
+        problem = type(e).__name__
+    if problem:
+        raise UserError(f"cannot read checkpoint {args.generate} ({problem}): pass one written by train_gpt.py "
+                        f"--save_every")
+    try:
+        cfg = hyperparameters_from(ckpt["config"])
+        check_config(dataclasses.replace(cfg, device=args.device))
+    except (TypeError, UserError) as e:
+        raise UserError(f"checkpoint {args.generate} holds settings this train_gpt.py cannot build a model from "
+                        f"({str(e).splitlines()[0]})") from None
     enc = gpt2_encoding()
     prompt = [BOS_ID, *enc.encode_ordinary(args.prompt)]
     limit = max(cfg.seq_len, cfg.val_seq_len)
@@ -1475,7 +1676,11 @@ def generate(argv) -> str:
         raise UserError("--max_new_tokens must be positive and --temperature 0 or more")
     device = torch.device(args.device)
     model = GPT(cfg).to(device).eval()
-    model.load_state_dict(ckpt["model"])
+    try:
+        model.load_state_dict(ckpt["model"])
+    except (RuntimeError, KeyError, ValueError, TypeError) as e:
+        raise UserError(f"checkpoint {args.generate}: its weights do not fit the model its settings describe "
+                        f"({str(e).strip().splitlines()[0][:200]})") from None
     window = torch.tensor(window_blocks(cfg.num_steps, cfg), dtype=torch.int32, device=device)
     tokens = sample(model, prompt, args.max_new_tokens, window, args.temperature, args.top_k,
                     torch.Generator().manual_seed(args.seed))
@@ -1531,8 +1736,12 @@ def main(argv=None):
             t.log(log_line(peak_memory=f"{torch.cuda.max_memory_allocated() // 2**20}MiB",
                            reserved_memory=f"{torch.cuda.max_memory_reserved() // 2**20}MiB"))
         return t.log_path
-    except Exception as e:
-        message = str(e) if isinstance(e, UserError) else gpu_error_message(e, cfg)
+    except (Exception, KeyboardInterrupt) as e:
+        if isinstance(e, KeyboardInterrupt):  # Ctrl-C: a checkpoint write it cut off left no file behind
+            message = (f"interrupted at step {t.step if t else 0}; the newest complete checkpoint is "
+                       f"{t.last_checkpoint if t and t.last_checkpoint else 'none'}")
+        else:
+            message = str(e) if isinstance(e, UserError) else gpu_error_message(e, cfg)
         if message is None:
             raise
         if t is not None and t.log_open and t.comm.rank == 0:

@@ -58,7 +58,7 @@ def sample_shards(tmp_path_factory) -> Path:
 
 # a tiny model on real text; layer 1 has no attention and layers 0 and 3 use the long window
 TINY = ("--device cpu --seq_len 128 --batch_seqs 4 --num_layers 4 --model_dim 64 --num_heads 2 --head_dim 32 "
-        "--long_window_layers 0,3 --no_attn_layers 1 --max_window 512 --warmup_steps 0 --val_tokens 4096 "
+        "--long_window_layers 0,3 --no_attn_layers 1 --max_window 512 --warmup_steps 0 --val_tokens 1024 "
         "--val_seq_len 1024 --fp8_head 0").split()
 
 

@@ -1,6 +1,7 @@
 """Runs you can trust: resume that appends and refuses a changed run, divergence and bad-token stops, durable
 checkpoints, one-line errors for what users get wrong."""
 import errno
+import re
 import os
 import shutil
 import subprocess
@@ -60,7 +61,7 @@ def test_resume_appends_to_its_log_and_continues_bitwise(sample_shards, run6, tm
 
 @pytest.mark.parametrize("change,says", [
     (["--num_steps", "8"], "num_steps: 6 in the checkpoint, 8 now"),
-    (["--batch_seqs", "8", "--head_lr", "0.1"], "batch_seqs: 4 in the checkpoint, 8 now; head_lr: 0.008"),
+    (["--batch_seqs", "8", "--adam_beta2", "0.9"], "adam_beta2: 0.95 in the checkpoint, 0.9 now; batch_seqs: 4"),
     (["--model_dim", "128", "--head_dim", "64"], "head_dim: 32 in the checkpoint, 64 now; model_dim: 64"),
     (["--train_files", "ELSEWHERE"], "train_files:"),
 ])
@@ -119,7 +120,7 @@ def test_every_rank_must_read_the_checkpoint(sample_shards, run6, tmp_path, monk
     real = tg.Comm.all_ok
 
     def other_rank_failed(self, ok):
-        return False if sys._getframe(1).f_code.co_name == "load_checkpoint" else real(self, ok)
+        return False if sys._getframe(1).f_code.co_name == "read_checkpoint" else real(self, ok)
 
     monkeypatch.setattr(tg.Comm, "all_ok", other_rank_failed)
     with pytest.raises(SystemExit, match="another rank could not read it.*every rank can read"):
@@ -294,3 +295,236 @@ def test_flex_tiles_fit_the_gpus_shared_memory():
     assert tg.choose_flex_tiles("default", consumer) is None
     # the tiles must tile the BlockMask's 128-token blocks
     assert all(tg.MASK_BLOCK % v == 0 for k, v in tg.FLEX_SMALL_TILES.items() if k.startswith("BLOCK"))
+
+
+# ---- round two (issue 19): no run deletes or corrupts another's files, no wrecked run exits 0
+
+def test_run_ids_are_plain_file_names_and_pruning_matches_them_exactly(sample_shards, tmp_path):
+    """A run_id was a glob pattern: `--run_id 'r?' --keep_last 1` deleted run rX's checkpoint."""
+    other = tmp_path / "rX_step000002.pt"
+    other.write_bytes(b"run rX's checkpoint")
+    for run_id, says in [("r?", "--run_id 'r\\?' is not a plain file name"), ("sub/x", "is not a plain file name"),
+                         ("x" * 300, "--run_id 'x{60}'... is not a plain file name")]:
+        with pytest.raises(SystemExit, match=says) as e:
+            tiny_run(sample_shards, tmp_path, "--num_steps", "2", "--save_every", "1", "--keep_last", "1",
+                     "--run_id", run_id)
+        assert "--log_dir" not in str(e.value)
+    assert other.read_bytes() == b"run rX's checkpoint"
+    # a run's own checkpoints are the ones named exactly <run_id>_stepNNNNNN.pt
+    (tmp_path / "r_step9.pt").write_bytes(b"not a checkpoint of r's")
+    tiny_run(sample_shards, tmp_path, "--num_steps", "2", "--save_every", "1", "--keep_last", "1", "--run_id", "r")
+    assert sorted(p.name for p in tmp_path.glob("r*.pt")) == ["rX_step000002.pt", "r_step000002.pt", "r_step9.pt"]
+
+
+def test_resume_under_a_new_run_id_starts_a_log_of_its_own(sample_shards, run6, tmp_path):
+    d, full = run6
+    tg.main(resume_args(sample_shards, tmp_path, "--run_id", "again", "--resume", str(d / "r_step000003.pt")))
+    log = (tmp_path / "again.txt").read_text()
+    assert log.startswith(open(tg.__file__).read()) and "\nconfig:{" in log and "\nresumed_from:" in log
+    run = tool.parse_log(tmp_path / "again.txt")
+    assert run.config["num_steps"] == 6 and run.final[0] == 6 and [s for s, *_ in run.train] == [4, 5, 6]
+    assert losses(log) == {s: v for s, v in losses(full).items() if s > 3}
+
+
+def test_resume_without_a_run_id_continues_its_own_log(sample_shards, run6, tmp_path):
+    d, full = run6
+    shutil.copytree(d, tmp_path / "r")
+    tg.main(resume_args(sample_shards, tmp_path / "r", "--resume", str(tmp_path / "r" / "r_step000003.pt")))
+    assert [p.name for p in (tmp_path / "r").glob("*.txt")] == ["r.txt"]
+    assert (tmp_path / "r" / "r.txt").read_text().startswith(full)
+
+
+def test_resume_never_continues_another_runs_log(sample_shards, run6, tmp_path):
+    d, full = run6
+    shutil.copytree(d, tmp_path / "r")
+    ckpt = torch.load(d / "r_step000003.pt", weights_only=True)
+    ckpt["run_id"] = "q"  # the same settings, another run
+    torch.save(ckpt, tmp_path / "q_step000003.pt")
+    with pytest.raises(SystemExit, match="r.txt is the log of run r, and .*q_step000003.pt is a checkpoint of "
+                                         "another run: pass --run_id q"):
+        tg.main(resume_args(sample_shards, tmp_path / "r", "--run_id", "r", "--resume",
+                            str(tmp_path / "q_step000003.pt")))
+    assert (tmp_path / "r" / "r.txt").read_text() == full
+
+
+def test_resume_refuses_data_that_changed(sample_shards, tmp_path):
+    tokens = tg.load_shard(str(sample_shards / "sample_train_000001.bin"))
+    data = tmp_path / "data"
+    data.mkdir()
+    half = len(tokens) // 2
+    write_shard(data / "t_000001.bin", tokens[:half])
+    write_shard(data / "t_000002.bin", tokens[half:])
+    args = tiny_args(sample_shards, tmp_path, "--num_steps", "4", "--save_every", "2", "--run_id", "d")
+    args[args.index("--train_files") + 1] = str(data / "t_*.bin")
+    tg.main(args + ["--keep_last", "0"])
+    resume = args + ["--resume", str(tmp_path / "d_step000002.pt"), "--run_id", "d2"]
+    changed = tokens[:half].copy()
+    changed[5000] = (changed[5000] + 1) % 50000
+    write_shard(data / "t_000001.bin", changed)
+    with pytest.raises(SystemExit, match="shard t_000001.bin \\(--train_files\\) is not the one the checkpoint "
+                                         "read: the same size, other content"):
+        tg.main(resume)
+    write_shard(data / "t_000001.bin", tokens[:half])
+    (data / "t_000002.bin").unlink()
+    with pytest.raises(SystemExit, match="matches 1 shards, and 2 when the checkpoint was written \\(missing now: "
+                                         "t_000002.bin\\)"):
+        tg.main(resume)
+    assert not (tmp_path / "d2.txt").exists()
+
+
+def test_a_run_that_does_not_learn_stops_and_can_resume_with_lower_rates(sample_shards, run6, tmp_path):
+    """Weights blown up by a huge Muon lr keep a finite loss at or above a uniform guess's: not a run to exit 0."""
+    with pytest.raises(SystemExit) as e:
+        tiny_run(sample_shards, tmp_path, "--num_steps", "10", "--batch_seqs", "1", "--muon_lr", "1e30",
+                 "--run_id", "wreck")
+    assert "at step 10" in str(e.value) and "no better than guessing uniformly among 50,304 tokens (ln 50304 = " \
+           "10.8258)" in str(e.value) and "lower learning rates (--muon_lr" in str(e.value)
+    assert (tmp_path / "wreck.txt").read_text().splitlines()[-1].startswith("error: ")
+    # the learning rates may change on resume, logged
+    d, _ = run6
+    log = tg.main(resume_args(sample_shards, tmp_path, "--run_id", "slower", "--head_lr", "0.004", "--resume",
+                              str(d / "r_step000003.pt"))).read_text()
+    assert "note:resumed_with_changed_learning_rates head_lr:0.008->0.004" in log
+
+
+@pytest.mark.parametrize("flags,says", [
+    (["--muon_lr", "-1"], "--muon_lr must be a finite number, 0 or more \\(it is -1.0\\)"),
+    (["--muon_lr", "nan"], "--muon_lr must be a finite number"),
+    (["--embed_lr", "inf"], "--embed_lr must be a finite number"),
+    (["--adam_beta2", "1.5"], "--adam_beta2 must be at least 0 and below 1"),
+    (["--adam_beta1", "1"], "--adam_beta1 must be at least 0 and below 1"),
+    (["--adam_eps", "0"], "--adam_eps must be a finite number above 0"),
+    (["--device", "bogus"], "--device must be cuda or cpu \\(it is 'bogus'\\)"),
+])
+def test_values_that_cannot_be_right_are_refused(sample_shards, tmp_path, flags, says):
+    with pytest.raises(SystemExit, match=says) as e:
+        tg.main(tiny_args(sample_shards, tmp_path, "--num_steps", "2", *flags))
+    assert "\n" not in str(e.value) and str(e.value).startswith("error: ")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_gets_one_line_and_leaves_no_log_or_half_file(sample_shards, tmp_path, monkeypatch):
+    real_save, calls = torch.save, []
+
+    def zip_writer_fails(obj, f):  # how torch.save reports a write that ran out of space
+        calls.append(1)
+        if len(calls) == 2:
+            f.write(b"partial")
+            raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 2112 vs 2034")
+        real_save(obj, f)
+
+    monkeypatch.setattr(tg.torch, "save", zip_writer_fails)
+    with pytest.raises(SystemExit, match="could not write checkpoint .*k_step000002.pt \\(torch.save: .*unexpected "
+                                         "pos.* MiB free on that disk\\); the newest complete one, .*k_step000001.pt"):
+        tiny_run(sample_shards, tmp_path, "--num_steps", "3", "--save_every", "1", "--run_id", "k")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.txt", "k_step000001.pt"]
+    monkeypatch.undo()
+    real_write = tg.Path.write_text
+
+    def header_fails(self, text, *args, **kwargs):
+        if self.name.startswith(".full.txt"):
+            real_write(self, text[:100], *args, **kwargs)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(tg.Path, "write_text", header_fails)
+    with pytest.raises(SystemExit, match="cannot write the log .*full.txt \\(No space left on device\\)"):
+        tiny_run(sample_shards, tmp_path, "--num_steps", "1", "--run_id", "full")
+    assert not [p for p in tmp_path.iterdir() if "full" in p.name], "no empty log to block a re-run"
+    monkeypatch.undo()
+    tiny_run(sample_shards, tmp_path, "--num_steps", "1", "--run_id", "full")
+
+
+def test_two_launches_with_one_run_id_share_no_file(sample_shards, tmp_path, monkeypatch):
+    real = tg.check_log_dir
+
+    def the_other_launch_starts_meanwhile(cfg, log_path, comm, *rest):
+        real(cfg, log_path, comm, *rest)
+        log_path.write_text("the other launch's log\n")
+
+    monkeypatch.setattr(tg, "check_log_dir", the_other_launch_starts_meanwhile)
+    with pytest.raises(SystemExit, match="twin.txt exists: another launch with this --run_id took it first"):
+        tiny_run(sample_shards, tmp_path, "--num_steps", "1", "--run_id", "twin")
+    assert (tmp_path / "twin.txt").read_text() == "the other launch's log\n"
+    # and each checkpoint write goes through a .tmp file of its own
+    names = []
+    monkeypatch.setattr(tg.os, "replace", lambda a, b: names.append(a.name) or shutil.move(a, b))
+    for _ in range(2):
+        tg.write_durably({"x": 1}, tmp_path / "twin_step000001.pt")
+    assert len(set(names)) == 2 and "twin_step000001.tmp" not in names
+
+
+def test_shard_globs_that_name_folders_or_broken_links(sample_shards, tmp_path):
+    data = tmp_path / "data"
+    (data / "x_train_dir.bin").mkdir(parents=True)
+    os.symlink(tmp_path / "gone.bin", data / "y_train_000001.bin")
+    for pattern, says in [(str(data), "--train_files '.*data' is a folder: pass a glob of its shards, e.g. "
+                                      "'.*data/\\*.bin'"),
+                          (str(data / "x_*.bin"), "matches the folder .*x_train_dir.bin"),
+                          (str(data / "y_*.bin"), "y_train_000001.bin is a link to '.*gone.bin', which does not exist")]:
+        args = tiny_args(sample_shards, tmp_path / "logs", "--num_steps", "1")
+        args[args.index("--train_files") + 1] = pattern
+        with pytest.raises(SystemExit, match=says) as e:
+            tg.main(args)
+        assert "\n" not in str(e.value)
+
+
+def test_a_shard_without_document_starts_is_refused_before_the_log(sample_shards, tmp_path):
+    (tmp_path / "data").mkdir()
+    write_shard(tmp_path / "data" / "n_000001.bin", np.arange(5000) % 50000)
+    args = tiny_args(sample_shards, tmp_path / "logs", "--num_steps", "1")
+    args[args.index("--train_files") + 1] = str(tmp_path / "data" / "n_*.bin")
+    with pytest.raises(SystemExit, match="holds a BOS"):
+        tg.main(args)
+    assert not (tmp_path / "logs").exists() or list((tmp_path / "logs").iterdir()) == []
+
+
+def test_checkpoints_with_the_right_keys_and_wrong_contents(sample_shards, run6, tmp_path):
+    d, _ = run6
+    good = torch.load(d / "r_step000003.pt", weights_only=True)
+    for name, change, says in [("config", "text", "config is a str"), ("step", "3", "step is a str")]:
+        torch.save({**good, name: change}, tmp_path / "bad.pt")
+        for argv in (resume_args(sample_shards, tmp_path / "logs", "--resume", str(tmp_path / "bad.pt")),
+                     ["--generate", str(tmp_path / "bad.pt"), "--prompt", "hi", "--device", "cpu"]):
+            with pytest.raises(SystemExit, match=says) as e:
+                tg.main(argv)
+            assert "\n" not in str(e.value)
+    torch.save({**good, "config": {**good["config"], "old_flag": 1}}, tmp_path / "older.pt")
+    with pytest.raises(SystemExit, match="another version of train_gpt.py, with settings this one does not know: "
+                                         "old_flag"):
+        tg.main(resume_args(sample_shards, tmp_path / "logs", "--resume", str(tmp_path / "older.pt")))
+    torch.save({**good, "config": {**good["config"], "model_dim": 128, "head_dim": 64}}, tmp_path / "misfit.pt")
+    with pytest.raises(SystemExit, match="its weights do not fit the model its settings describe"):
+        tg.main(["--generate", str(tmp_path / "misfit.pt"), "--prompt", "hi", "--device", "cpu"])
+
+
+def test_generate_on_a_cuda_device_without_one(run6, monkeypatch):
+    d, _ = run6
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="--device cuda: no CUDA GPU is visible; pass --device cpu"):
+        tg.main(["--generate", str(d / "r_step000003.pt"), "--prompt", "hi", "--device", "cuda"])
+
+
+def test_ctrl_c_during_a_save_is_one_line(sample_shards, tmp_path, monkeypatch):
+    real_save, calls = torch.save, []
+
+    def interrupted(obj, f):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real_save(obj, f)
+
+    monkeypatch.setattr(tg.torch, "save", interrupted)
+    with pytest.raises((SystemExit, KeyboardInterrupt)) as e:
+        tiny_run(sample_shards, tmp_path, "--num_steps", "3", "--save_every", "1", "--run_id", "c")
+    assert e.type is SystemExit and "\n" not in str(e.value)
+    assert str(e.value) == f"error: interrupted at step 2; the newest complete checkpoint is {tmp_path / 'c_step000001.pt'}"
+    assert (tmp_path / "c.txt").read_text().splitlines()[-1] == str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt", "c_step000001.pt"]
+
+
+def test_readme_lists_the_settings_that_may_change_on_resume():
+    readme = (REPO / "README.md").read_text()
+    listed = readme.split("These may change on resume:")[1].split("(logged")[0]
+    names = set(re.findall(r"[a-z_0-9]+", " ".join(re.findall(r"`([^`]*)`", listed))))
+    assert names == set(tg.RESUME_FREE + tg.RESUME_ADJUSTABLE) - {"resume"}
