@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import errno
 import glob
 import hashlib
 import json
@@ -1081,11 +1082,19 @@ def start_log(path: Path, script: str) -> Path:
     header leaves no empty log behind, and of two launches with one run_id only one gets the log."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    header = f"{Path(script).read_text()}\n{SOURCE_END}\n{environment()}\n{SOURCE_END}\n"
     try:
-        tmp.write_text(f"{Path(script).read_text()}\n{SOURCE_END}\n{environment()}\n{SOURCE_END}\n")
-        os.link(tmp, path)
+        tmp.write_text(header)
+        try:
+            os.link(tmp, path)
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            with open(path, "x") as f:  # a file system without hard links: exclusive, if not atomic
+                f.write(header)
     except FileExistsError:
-        raise UserError(f"{path} exists: another launch with this --run_id took it first; pass another --run_id") from None
+        raise UserError(f"{path} exists: another launch with this --run_id took it first; pass another "
+                        f"--run_id") from None
     except OSError as e:
         raise UserError(f"cannot write the log {path} ({e.strerror or e}): free disk space or pick another "
                         f"--log_dir") from None
@@ -1149,7 +1158,8 @@ def checkpoint_problem(ckpt) -> str:
     """Why an unpickled object is not a checkpoint train_gpt.py can use, or ''."""
     if not isinstance(ckpt, dict) or not CHECKPOINT_KEYS.keys() <= ckpt.keys():
         return "not a checkpoint written by train_gpt.py"
-    wrong = [f"{k} is a {type(ckpt[k]).__name__}" for k, kind in CHECKPOINT_KEYS.items() if not isinstance(ckpt[k], kind)]
+    wrong = [f"{k} is a {type(ckpt[k]).__name__}" for k, kind in CHECKPOINT_KEYS.items()
+             if not isinstance(ckpt[k], kind)]
     if not wrong and not (isinstance(ckpt["loader"].get("shard"), int) and isinstance(ckpt["loader"].get("pos"), int)):
         wrong = ["its loader position is not two integers"]
     return f"not a checkpoint written by train_gpt.py ({'; '.join(wrong)})" if wrong else ""

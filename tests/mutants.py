@@ -39,7 +39,8 @@ MUTANTS = {
         ("skip = (self.skip_weights[L - 1 - i], skips.pop()) if", "skip = (skips.pop(), None)[1] if")],
         ["tests/test_train_gpt.py"]),
     "U-Net skip weights applied in the wrong order": ("train_gpt.py", [
-        ("skip = (self.skip_weights[L - 1 - i], skips.pop()) if", "skip = (self.skip_weights[i - L // 2], skips.pop()) if")],
+        ("skip = (self.skip_weights[L - 1 - i], skips.pop()) if",
+         "skip = (self.skip_weights[i - L // 2], skips.pop()) if")],
         [REFERENCE]),
     "QK-norm removed": ("train_gpt.py", [
         ("q, k = self.rotary(norm(q)), self.rotary(norm(k))", "q, k = self.rotary(q), self.rotary(k)")],

@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import flex_attention
 
@@ -184,7 +183,8 @@ def ref_rope(x: torch.Tensor) -> torch.Tensor:
     """(T, heads, d): dims j and j+d/2 as one complex number turned by -pos*f_j; f_j = (1/1024)^(j/(d/4-1)) for
     the first d/4 pairs, 0 for the other d/4."""
     T, d = x.size(0), x.size(-1)
-    f = torch.cat([(1 / 1024) ** torch.linspace(0, 1, d // 4, dtype=torch.float64), torch.zeros(d // 4, dtype=torch.float64)])
+    f = torch.cat([(1 / 1024) ** torch.linspace(0, 1, d // 4, dtype=torch.float64),
+                   torch.zeros(d // 4, dtype=torch.float64)])
     turn = torch.exp(-1j * torch.arange(T, dtype=torch.float64)[:, None, None] * f)
     z = torch.complex(x[..., :d // 2], x[..., d // 2:]) * turn
     return torch.cat([z.real, z.imag], -1)

@@ -11,7 +11,6 @@ import ast
 import contextlib
 import importlib.util
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -24,7 +23,6 @@ REPO = Path(__file__).resolve().parents[2]
 def trace(out: str, name: str):
     """Host and device activity of one step: the GPU's idle gaps over 50 us, largest first, each with the
     kernels around it and the host calls that ran during it; and the host calls that took longest."""
-    from torch.autograd import DeviceType
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                               torch.profiler.ProfilerActivity.CUDA])
     with prof:
