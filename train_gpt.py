@@ -869,26 +869,24 @@ class TrainLoader:
 
 
 def val_files_read(pattern: str, num_tokens: int) -> list:
-    """The val shards that load_val_tokens reads for num_tokens tokens (+1)."""
+    """The val shards that hold the first num_tokens (+1, the last target) val tokens, from their headers."""
     files, have = [], 0
     for f in find_shards(pattern, "--val_files"):
         files.append(f)
         have += read_header(f)
         if have >= num_tokens + 1:
-            break
-    return files
+            return files
+    raise ShardFormatError(f"val shards {pattern!r} hold {have:,} tokens; --val_tokens asks for {num_tokens:,} "
+                           f"(+1 for the last target). Lower --val_tokens or add val data.")
 
 
 def load_val_tokens(pattern: str, num_tokens: int) -> Tensor:
     """The first num_tokens (+1, the last target) tokens of the val shards, in order."""
     tokens, have = [], 0
-    for f in find_shards(pattern, "--val_files"):
+    for f in val_files_read(pattern, num_tokens):
         tokens.append(load_shard(f)[:num_tokens + 1 - have])
         have += len(tokens[-1])
-        if have == num_tokens + 1:
-            return torch.from_numpy(np.concatenate(tokens).astype(np.int32))
-    raise ShardFormatError(f"val shards {pattern!r} hold {have:,} tokens; --val_tokens asks for {num_tokens:,} "
-                           f"(+1 for the last target). Lower --val_tokens or add val data.")
+    return torch.from_numpy(np.concatenate(tokens).astype(np.int32))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1023,7 +1021,7 @@ def check_config(cfg: Hyperparameters):
         raise UserError(f"layers {bad} in --long_window_layers/--no_attn_layers do not exist (0..{cfg.num_layers - 1})")
     if cfg.profile_steps and not (len(cfg.profile_steps) == 2 and 0 <= cfg.profile_steps[0] <= cfg.profile_steps[1]):
         raise UserError(f"--profile_steps takes two steps A,B with A <= B (it is {cfg.profile_steps})")
-    for name in ["muon_lr", "head_lr", "embed_lr", "scalar_lr"]:
+    for name in RESUME_ADJUSTABLE:  # the learning rates
         if not 0 <= getattr(cfg, name) < math.inf:
             raise UserError(f"--{name} must be a finite number, 0 or more (it is {getattr(cfg, name)})")
     for name in ["adam_beta1", "adam_beta2"]:

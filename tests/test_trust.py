@@ -199,6 +199,7 @@ def test_a_failed_write_keeps_the_previous_checkpoint(sample_shards, tmp_path, m
     (["--num_heads", "3"], "--num_heads 3 x --head_dim 32 = 96, but --model_dim is 64"),
     (["--seq_len", "100"], "--seq_len 100 must be a multiple of 128"),
     (["--val_tokens", "100"], "less than one val sequence"),
+    (["--val_tokens", "30720", "--num_steps", "2"], "val shards .* hold 28,231 tokens; --val_tokens asks for 30,720"),
     (["--long_window_layers", "0,9"], "layers \\[9\\] in --long_window_layers"),
     (["--train_files", "/nowhere/x_*.bin"], "no shards match '/nowhere/x_\\*.bin'"),
     (["--flex_tiles", "tiny"], "--flex_tiles must be auto, default or small"),
