@@ -109,33 +109,44 @@ except ImportError:
 
 if triton is not None:
     @triton.jit
+    def _tanh(x, APPROX: tl.constexpr):
+        """tanh in one special-function-unit op (tanh.approx, max relative error 2^-10.99) or, exactly, in two."""
+        if APPROX:
+            return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                             is_pure=True, pack=1)
+        return 2.0 / (1.0 + tl.exp2(x * -2.8853900817779268)) - 1.0  # 2 sigmoid(2x) - 1
+
+    @triton.jit
     def _softcap_ce_kernel(z_ptr, targets_ptr, loss_ptr, g_ptr, T, inv_grad_s, V: tl.constexpr, CAP: tl.constexpr,
-                           DIV: tl.constexpr, TOP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr):
+                           DIV: tl.constexpr, TOP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr,
+                           APPROX: tl.constexpr):
         """Rows [pid*BLOCK_T, +BLOCK_T) of softcap_ce_grad: a pass over the vocab for the log-sum-exp, a second
-        that writes each (BLOCK_T x BLOCK_V) tile of the e5m2 grad.
+        that writes each (BLOCK_T x BLOCK_V) tile of the e5m2 grad. The cap is written with tanh,
+        sigmoid(u) = (1 + tanh(u/2)) / 2, so c - CAP = CAP/2 (t - 1) and dc/dz = CAP/(4 DIV) (1 - t^2).
         Exponentials are base 2 with log2(e) folded into the constants, and no running max is kept: the capped
         logits lie in (0, CAP), so exp(c - CAP) lies in (e^-CAP, 1] and a sum of them cannot overflow fp32."""
         LOG2E: tl.constexpr = 1.4426950408889634
+        HALF_CAP2: tl.constexpr = 0.5 * CAP * LOG2E  # c - CAP in base-2 units, per unit of (t - 1)
         rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)  # offsets pass 2^31
         live = rows < T
         s = tl.zeros((BLOCK_T,), tl.float32)
         for v0 in range(0, V, BLOCK_V):
             cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
             z = tl.load(z_ptr + rows[:, None] * V + cols[None, :], mask=live[:, None], other=0.0).to(tl.float32)
-            sig = 1.0 / (1.0 + tl.exp2(z * (-LOG2E / DIV)))
-            s += tl.sum(tl.exp2((sig - 1.0) * (CAP * LOG2E)), axis=1)  # exp(c - CAP)
+            th = _tanh(z * (0.5 / DIV), APPROX)
+            s += tl.sum(tl.exp2(th * HALF_CAP2 - HALF_CAP2), axis=1)  # exp(c - CAP)
         lse2 = CAP * LOG2E + tl.log2(s)  # log2 of sum(exp(c))
         t = tl.load(targets_ptr + rows, mask=live, other=0).to(tl.int64)
         z_t = tl.load(z_ptr + rows * V + t, mask=live, other=0.0).to(tl.float32)
-        sig_t = 1.0 / (1.0 + tl.exp2(z_t * (-LOG2E / DIV)))
-        tl.store(loss_ptr + rows, (lse2 - sig_t * (CAP * LOG2E)) / LOG2E, mask=live)
+        th_t = _tanh(z_t * (0.5 / DIV), APPROX)
+        tl.store(loss_ptr + rows, (lse2 - (th_t + 1.0) * HALF_CAP2) / LOG2E, mask=live)
         for v0 in range(0, V, BLOCK_V):
             cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
             z = tl.load(z_ptr + rows[:, None] * V + cols[None, :], mask=live[:, None], other=0.0).to(tl.float32)
-            sig = 1.0 / (1.0 + tl.exp2(z * (-LOG2E / DIV)))
-            p = tl.exp2(sig * (CAP * LOG2E) - lse2[:, None])
+            th = _tanh(z * (0.5 / DIV), APPROX)
+            p = tl.exp2(th * HALF_CAP2 + (HALF_CAP2 - lse2[:, None]))
             dc = tl.where(cols[None, :] == t[:, None], p - 1.0, p)
-            g = dc * sig * (1.0 - sig) * (inv_grad_s * CAP / DIV)
+            g = dc * (1.0 - th * th) * (inv_grad_s * CAP / (4.0 * DIV))
             g = tl.minimum(tl.maximum(g, -TOP), TOP).to(tl.float8e5)
             tl.store(g_ptr + rows[:, None] * V + cols[None, :], g, mask=live[:, None])
 
@@ -153,6 +164,11 @@ if triton is not None:
 # Launch settings measured on an H200 at 49,152 x 50,304 (records/2026-12-03_speed-h200/pieces.txt): the CE
 # kernel (BLOCK_T, BLOCK_V, num_warps) 5.0 ms, the transpose's tile 1.28 ms (3.9 TB/s, a device copy: 4.3 TB/s)
 CE_TILES = (32, 128, 4)
+# The cap's tanh as tanh.approx: one special-function op per element, not two, in each of the CE kernel's two
+# passes. That op bounds the kernel: 5.78 -> 4.67 ms per micro-step on an H200, for a loss error of at most
+# 1.2e-4 per token (mean 7e-6) and 4e-5 of the e5m2 grads rounded one step differently
+# (records/2026-12-03_speed2-h200/pieces.txt). False: the exact tanh, e.g. to compare rounding.
+CE_TANH_APPROX = True
 TRANSPOSE_TILE = (64, 128)
 
 
@@ -183,7 +199,7 @@ def softcap_ce_grad(z: Tensor, targets: Tensor, grad_s: float) -> tuple[Tensor, 
         block_t, block_v, warps = CE_TILES
         _softcap_ce_kernel[(triton.cdiv(T, block_t),)](z, targets, loss, g, T, 1 / grad_s, V=V, CAP=SOFTCAP,
                                                        DIV=SOFTCAP_DIV, TOP=E5M2_MAX, BLOCK_T=block_t,
-                                                       BLOCK_V=block_v, num_warps=warps)
+                                                       BLOCK_V=block_v, APPROX=CE_TANH_APPROX, num_warps=warps)
         return loss, g, transposed(g)
     c = softcap(z)
     lse = torch.logsumexp(c, dim=-1)
@@ -196,23 +212,22 @@ def softcap_ce_grad(z: Tensor, targets: Tensor, grad_s: float) -> tuple[Tensor, 
 
 
 @torch.library.custom_op("train_gpt::fp8_head_loss", mutates_args=())
-def fp8_head_loss(x: Tensor, w: Tensor, targets: Tensor, x_s: float, w_s: float,
-                  grad_s: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The lm_head's summed soft-capped cross-entropy with x @ w.T in FP8 (both rounded to e4m3 after dividing
-    by their scales). The logit grad is computed here, with the loss, so backward is two FP8 matmuls. Returns
-    (loss, and what backward needs: x_f8, w_f8, and the e5m2 grad row-major and transposed)."""
-    x_f8 = to_fp8(x, x_s, torch.float8_e4m3fn)
-    w_f8 = to_fp8(w, w_s, torch.float8_e4m3fn)
+def fp8_head_loss(x: Tensor, w: Tensor, x_f8: Tensor, w_f8: Tensor, targets: Tensor, x_s: float, w_s: float,
+                  grad_s: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The lm_head's summed soft-capped cross-entropy with x @ w.T in FP8: x_f8 and w_f8 are x and w divided by
+    their scales and rounded to e4m3 (by the caller, where torch.compile fuses the casts with what makes x; in
+    here they were 6 eager passes per micro-step). x and w are inputs only for autograd, which sends their grads
+    straight through the casts. The logit grad is computed here, with the loss, so backward is two FP8
+    matmuls. Returns (loss, and the e5m2 grad row-major and transposed, for backward)."""
     z = scaled_mm(x_f8, w_f8.T, x_s, w_s, torch.bfloat16, fast_accum=True)
     loss, g_f8, g_f8_t = softcap_ce_grad(z, targets, grad_s)
-    return loss.sum(), x_f8, w_f8, g_f8, g_f8_t
+    return loss.sum(), g_f8, g_f8_t
 
 
 @fp8_head_loss.register_fake
-def _(x, w, targets, x_s, w_s, grad_s):
+def _(x, w, x_f8, w_f8, targets, x_s, w_s, grad_s):
     T, V = x.size(0), w.size(0)
-    return (x.new_empty((), dtype=torch.float32), x.new_empty(x.shape, dtype=torch.float8_e4m3fn),
-            w.new_empty(w.shape, dtype=torch.float8_e4m3fn), x.new_empty(T, V, dtype=torch.float8_e5m2),
+    return (x.new_empty((), dtype=torch.float32), x.new_empty(T, V, dtype=torch.float8_e5m2),
             x.new_empty(V, T, dtype=torch.float8_e5m2))
 
 
@@ -232,14 +247,14 @@ def _(g_f8, g_f8_t, x_f8, w_f8, x_s, w_s, grad_s):
 
 
 def _fp8_head_setup(ctx, inputs, output):
-    ctx.save_for_backward(*output[1:])
-    ctx.scales = inputs[3:]
+    ctx.save_for_backward(inputs[2], inputs[3], *output[1:])
+    ctx.scales = inputs[5:]
 
 
 def _fp8_head_grad(ctx, grad_loss, *_):
     x_f8, w_f8, g_f8, g_f8_t = ctx.saved_tensors
     grad_x, grad_w = fp8_mm_backward(g_f8, g_f8_t, x_f8, w_f8, *ctx.scales)
-    return grad_x * grad_loss, grad_w * grad_loss, None, None, None, None
+    return grad_x * grad_loss, grad_w * grad_loss, None, None, None, None, None, None
 
 
 fp8_head_loss.register_autograd(_fp8_head_grad, setup_context=_fp8_head_setup)
@@ -440,8 +455,13 @@ class ShardedOptimizer:
         for p in reversed(muon_params):
             by_shape.setdefault(tuple(p.shape), []).append(p)
         for same in by_shape.values():
-            for i in range(0, len(same), comm.world):
-                self.buckets.append(Bucket(same[i:i + comm.world], "muon", muon_lr, same[0].numel(), comm.world))
+            # several ranks: one matrix per rank, so a bucket's reduce-scatter starts as soon as backward has
+            # made `world` of them. One GPU has nothing to overlap: every matrix of the shape in one bucket,
+            # orthogonalized as one batch (one by one, 46 matrices were ~2,500 small kernels per step)
+            per_rank = len(same) if comm.world == 1 else 1
+            for i in range(0, len(same), per_rank * comm.world):
+                self.buckets.append(Bucket(same[i:i + per_rank * comm.world], "muon", muon_lr,
+                                           per_rank * same[0].numel(), comm.world))
         for lr, params in adam_groups:
             numel = sum(p.numel() for p in params)
             self.buckets.append(Bucket(params, "adam", lr, math.ceil(numel / comm.world), comm.world))
@@ -495,17 +515,22 @@ class ShardedOptimizer:
                 grad = b.grad.to(b.state["exp_avg"].dtype)
                 shard -= lr * adam_update(grad, b.state["exp_avg"], b.state["exp_avg_sq"], self.steps,
                                           self.betas, self.eps)
-            elif rank < len(b.params):  # ranks past the end of a short Muon bucket hold only padding
-                shape = b.params[rank].shape
-                update = muon_update(b.grad.view(shape), b.state["momentum"].view(shape), muon_momentum)
-                shard -= lr * update.reshape(-1)
+            else:  # this rank's matrices are the bucket's [rank * k, rank * k + k); those past its end are padding
+                shape, k = b.params[0].shape, b.grad.numel() // b.params[0].numel()
+                mine = min(k, len(b.params) - rank * k)
+                if mine > 0:
+                    update = muon_update(b.grad.view(k, *shape)[:mine], b.state["momentum"].view(k, *shape)[:mine],
+                                         muon_momentum)
+                    shard[:update.numel()] -= lr * update.reshape(-1)
             b.work = self.comm.all_gather(b.flat, shard)
         for b in self.buckets:
             b.work.wait()
             b.work, b.ready = None, 0
-            for p, new in zip(b.params, b.flat[:b.numel].split([p.numel() for p in b.params])):
-                p.copy_(new.view_as(p))
-                p.grad = None
+        news = [new.view_as(p) for b in self.buckets
+                for new, p in zip(b.flat[:b.numel].split([p.numel() for p in b.params]), b.params)]
+        torch._foreach_copy_(self.params, news)  # one launch for every parameter, not one each
+        for p in self.params:
+            p.grad = None
 
     @torch.no_grad()
     def all_finite(self) -> Tensor:
@@ -645,7 +670,9 @@ def head_loss(x: Tensor, head_w: Tensor, targets: Tensor, fp8: bool) -> Tensor:
     x = x.flatten(0, -2)
     if fp8:
         x = norm(x).bfloat16()
-        return fp8_head_loss(x, head_w, targets, x.size(-1) ** 0.5 / E4M3_MAX, HEAD_W_SCALE, HEAD_GRAD_SCALE)[0]
+        x_s = x.size(-1) ** 0.5 / E4M3_MAX
+        casts = to_fp8(x.detach(), x_s, torch.float8_e4m3fn), to_fp8(head_w.detach(), HEAD_W_SCALE, torch.float8_e4m3fn)
+        return fp8_head_loss(x, head_w, *casts, targets, x_s, HEAD_W_SCALE, HEAD_GRAD_SCALE)[0]
     return F.cross_entropy(softcapped_logits(x, head_w), targets, reduction="sum")
 
 
@@ -673,13 +700,14 @@ class GPT(nn.Module):
 
     def compile_regions(self, whole: bool, backend: str = "inductor"):
         """torch.compile the blocks and the head, either as one graph (whole) or block by block. One graph fuses
-        the glue between blocks (x0 and value-embedding grads summed, embedding norm) and suits one GPU. Block
-        by block, backward finishes block by block, so the grads of late layers are final (and their
-        reduce-scatter starts) while early layers are still running: what several GPUs need."""
+        the glue between blocks (x0 and value-embedding grads summed, embedding norm) and the building of the
+        attention masks (eager, that was ~80 tiny kernels per micro-step), and suits one GPU. Block by block,
+        backward finishes block by block, so the grads of late layers are final (and their reduce-scatter
+        starts) while early layers are still running: what several GPUs need."""
         # each block instance, with and without grad, is its own compiled variant: lift dynamo's cap of 8
         torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
         if whole:
-            self.run_blocks = torch.compile(self.run_blocks, dynamic=False, backend=backend)
+            self.hidden = torch.compile(self.hidden, dynamic=False, backend=backend)
         else:
             for block in self.blocks:
                 block.compile(dynamic=False, backend=backend)

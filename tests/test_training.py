@@ -1,6 +1,8 @@
 """The whole trainer on CPU: tiny runs on the shipped books, a stored golden loss curve, world-size equality
 with gloo, the FP8 head against bf16, the data loader."""
+import collections
 import json
+import math
 import os
 import subprocess
 import sys
@@ -92,18 +94,42 @@ def test_gloo_processes_equal_one_with_accumulation(sample_shards, one_process, 
     assert max(worst.values()) < 1e-6, worst
 
 
-def test_reduce_scatter_starts_during_backward():
-    """With the last micro-step flagged, buckets of late layers launch before backward reaches the embedding."""
-    cfg = tg.parse_args(TINY)
+class RankZeroOfTwo(tg.Comm):
+    """Rank 0 of a world of 2 without a process group: what it sends is kept, what it would receive is zeros."""
+
+    def __init__(self):
+        super().__init__(0, 2)
+
+    def reduce_scatter(self, out, inp):
+        out.copy_(inp[:out.numel()])
+        return self._Done()
+
+    def all_gather(self, out, inp):
+        out.zero_()[:inp.numel()] = inp
+        return self._Done()
+
+
+@pytest.mark.parametrize("comm", [tg.Comm(0, 1), RankZeroOfTwo()], ids=["one_rank", "two_ranks"])
+def test_reduce_scatter_starts_during_backward(comm):
+    """With the last micro-step flagged, buckets launch as soon as their grads are final. With several ranks a
+    Muon bucket holds one matrix per rank, so the buckets of late layers launch before backward reaches early
+    ones; on one GPU a bucket holds every matrix of its shape, orthogonalized as one batch."""
+    cfg = tg.parse_args([*TINY, "--num_layers", "4"])
     model = tg.GPT(cfg)
     muon, adam = tg.param_groups(model, cfg)
-    opt = tg.ShardedOptimizer(muon, cfg.muon_lr, adam, (0.8, 0.95), 1e-10, tg.Comm(0, 1))
+    opt = tg.ShardedOptimizer(muon, cfg.muon_lr, adam, (0.8, 0.95), 1e-10, comm)
+    per_shape = collections.Counter(tuple(p.shape) for p in muon)
+    muon_buckets = collections.Counter(tuple(b.params[0].shape) for b in opt.buckets if b.kind == "muon")
+    assert muon_buckets == {s: math.ceil(n / comm.world) if comm.world > 1 else 1 for s, n in per_shape.items()}
     seen = []
+    model.blocks[0].mlp.fc_w.register_hook(lambda g: seen.append(opt.launched))
     model.embed.weight.register_hook(lambda g: seen.append(opt.launched))
     seq = torch.randint(0, 50257, (129,), dtype=torch.int32)
     opt.reduce_in_backward = True
     model(seq[:-1], seq[1:], torch.tensor(2)).backward()
-    assert 0 < seen[0] < len(opt.buckets)
+    # when layer 0's first grad arrives: the head's bucket, and with two ranks those of layers 3 to 1
+    assert seen[0] == 1 if comm.world == 1 else seen[0] > 3
+    assert 0 < seen[1] < len(opt.buckets)
     assert opt.launched == len(opt.buckets)
     opt.step(1.0, 0.9)
     assert opt.launched == 0 and all(p.grad is None for p in model.parameters())
@@ -144,6 +170,7 @@ def test_both_compile_scopes_compute_the_eager_step(whole):
     with_blocks = [g for g in graphs if "relu(" in g]  # each block's MLP calls relu once
     assert len(with_blocks) == (1 if whole else cfg.num_layers)
     assert ("embedding" in with_blocks[0]) == whole
+    assert ("cumsum" in with_blocks[0]) == whole  # one graph also finds the documents and builds the masks
     assert with_blocks[0].count("relu(") == (cfg.num_layers if whole else 1)
     assert loss == pytest.approx(eager_loss, rel=1e-6)
     for a, b in zip(grads, eager_grads):
@@ -206,8 +233,9 @@ def test_fp8_ops_pass_opcheck():
     w = torch.randn(128, 32) * 0.05
     scales = (32**0.5 / tg.E4M3_MAX, tg.HEAD_W_SCALE, tg.HEAD_GRAD_SCALE)
     targets = torch.randint(0, 128, (64,))
-    torch.library.opcheck(tg.fp8_head_loss, (x, w, targets, *scales), test_utils="test_faketensor")
-    _, x_f8, w_f8, g, g_t = tg.fp8_head_loss(x, w, targets, *scales)
+    x_f8, w_f8 = tg.to_fp8(x, scales[0], torch.float8_e4m3fn), tg.to_fp8(w, scales[1], torch.float8_e4m3fn)
+    torch.library.opcheck(tg.fp8_head_loss, (x, w, x_f8, w_f8, targets, *scales), test_utils="test_faketensor")
+    _, g, g_t = tg.fp8_head_loss(x, w, x_f8, w_f8, targets, *scales)
     torch.library.opcheck(tg.fp8_mm_backward, (g, g_t, x_f8, w_f8, *scales), test_utils="test_faketensor")
 
 
@@ -282,15 +310,21 @@ def test_scaled_mm_fallback_equals_torch_scaled_mm():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_softcap_ce_kernel_matches_the_torch_fallback():
+@pytest.mark.parametrize("approx", [False, True])
+def test_cuda_softcap_ce_kernel_matches_the_torch_fallback(monkeypatch, approx):
+    """Exact, the kernel's loss and e5m2 grad are the fallback's but for a rare 1-ulp rounding of exp(). With
+    tanh.approx (relative error 2^-11: a capped logit moves by < 0.0075, a token's loss by < 0.015) an H200
+    measured a loss error of 1.2e-4 at most at the training shape, and 4e-5 of the grad's e5m2 values moved
+    by a step (records/2026-12-03_speed2-h200/pieces.txt); these logits are 2.5x as spread."""
+    monkeypatch.setattr(tg, "CE_TANH_APPROX", approx)
     gen = torch.Generator(device="cuda").manual_seed(0)
     z = (torch.randn(1000, 50304, device="cuda", generator=gen) * 20).bfloat16()
     targets = torch.randint(0, 50257, (1000,), device="cuda", generator=gen)
     loss, g, g_t = tg.softcap_ce_grad(z, targets, tg.HEAD_GRAD_SCALE)  # the Triton kernel
     ref_loss, ref_g, _ = tg.softcap_ce_grad(z.cpu(), targets.cpu(), tg.HEAD_GRAD_SCALE)
-    torch.testing.assert_close(loss.cpu(), ref_loss, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(loss.cpu(), ref_loss, atol=5e-3 if approx else 1e-4, rtol=1e-5)
     differ = (g.cpu().float() != ref_g.float()).float().mean().item()
-    assert differ < 1e-3, differ  # a rare 1-ulp rounding difference of exp() at most
+    assert differ < 1e-3, differ
     assert torch.equal(g_t.float(), g.float().T)
 
 
