@@ -67,6 +67,19 @@ MUTANTS = {
         [REFERENCE, "tests/test_training.py::test_softcap_ce_grad_equals_its_formula"]),
     "whole-model compile done block by block": ("train_gpt.py", [("        if whole:\n", "        if False:\n")],
         ["tests/test_training.py::test_both_compile_scopes_compute_the_eager_step"]),
+    "one GPU's Muon batch orthogonalizes only its first matrix": ("train_gpt.py", [
+        ("mine = min(k, len(b.params) - rank * k)", "mine = min(1, len(b.params) - rank * k)")],
+        ["tests/test_training.py::test_gloo_processes_equal_one_with_accumulation"]),
+    "one Muon matrix per bucket on one GPU too": ("train_gpt.py", [
+        ("per_rank = len(same) if comm.world == 1 else 1", "per_rank = 1")],
+        ["tests/test_training.py::test_reduce_scatter_starts_during_backward"]),
+    "block masks ordered by argsort (compiled: a slow Triton sort)": ("train_gpt.py", [
+        ("order = torch.zeros_like(v).scatter(-1, slot.long(), cols)",
+         "order = torch.argsort(v, dim=-1, descending=True, stable=True).to(torch.int32)")],
+        ["tests/test_train_gpt.py::test_block_masks_are_built_without_a_sort"]),
+    "block masks' query side not transposed": ("train_gpt.py", [
+        ("ordered_blocks(some.mT), ordered_blocks(full.mT)", "ordered_blocks(some), ordered_blocks(full)")],
+        ["tests/test_train_gpt.py::test_dense_and_block_masks_equal_brute_force"]),
     "profiler counts torch's copy kernels as other kernels": ("train_gpt.py", [
         ('r"[Mm]emcpy|[Mm]emset|copy_kernel|[Ff]ill"', 'r"[Mm]emcpy|[Mm]emset|[Ff]ill"')],
         ["tests/test_training.py::test_profiler_sorts_kernels_by_what_they_do"]),
