@@ -280,18 +280,22 @@ def dense_attention_mask(docs: Tensor, window_blocks: Tensor) -> Tensor:
 
 
 def ordered_blocks(visible: Tensor) -> tuple[Tensor, Tensor]:
-    """A BlockMask's layout of a (rows x cols) bool matrix of blocks: per row, how many are true, and the column
-    indices with the true ones first, each part in ascending order. That stable partition is found by cumsums
-    and a scatter, not by a stable argsort as torch's BlockMask helpers do: compiled, an argsort becomes a
-    Triton sort whose cold compile is pathologically slow (pytorch issue 182060). On an H200 the training
-    graph's cold compile went from 51 to 115 s when masks built with argsorts moved into it."""
-    v = visible.to(torch.int32)
-    counts = v.sum(-1, dtype=torch.int32)
-    true_before, false_before = v.cumsum(-1) - v, (1 - v).cumsum(-1) - (1 - v)
-    slot = torch.where(visible, true_before, counts[:, None] + false_before)
-    cols = torch.arange(v.size(-1), device=v.device, dtype=torch.int32).expand_as(v)
-    order = torch.zeros_like(v).scatter(-1, slot.long(), cols)
-    return counts[None, None], order[None, None]
+    """A BlockMask's layout of bool matrices of blocks (..., rows, cols): per row, how many are true, and the
+    column indices with the true ones first, each part in ascending order. That stable partition comes from one
+    matmul and a scatter, not from a stable argsort as torch's BlockMask helpers find it: compiled, an argsort
+    becomes a Triton sort whose cold compile is pathologically slow (pytorch issue 182060; on an H200 it took
+    the training graph's cold compile from 51 to 115 s). Not from cumsums and row sums either: fused with the
+    block comparisons into reductions over 384 columns, those hit an inductor codegen error on torch 2.11
+    ("list indices must be integers or slices, not NoneType"; fixed in later releases)."""
+    v = visible.float()
+    cols = torch.arange(v.size(-1), device=v.device)
+    earlier = (cols[:, None] < cols[None, :]).float()  # earlier[k, j]: column k comes before column j
+    true_before = (v @ earlier).to(torch.int32)  # exact: fp32 sums of at most 384 ones
+    counts = true_before[..., -1] + visible[..., -1]
+    # a true block goes after the true ones before it; a false one after all true ones and the false before it
+    slot = torch.where(visible, true_before, counts[..., None] + cols.to(torch.int32) - true_before)
+    order = torch.zeros_like(true_before).scatter(-1, slot.long(), cols.to(torch.int32).expand_as(slot))
+    return counts, order
 
 
 def block_attention_mask(docs: Tensor, window_blocks: Tensor) -> BlockMask:
@@ -312,8 +316,9 @@ def block_attention_mask(docs: Tensor, window_blocks: Tensor) -> BlockMask:
     def mask_mod(b, h, q_idx, kv_idx):
         return mask_rule(q_idx, kv_idx, docs, window_blocks)
 
-    (kv_n, kv_i), (full_kv_n, full_kv_i) = ordered_blocks(some), ordered_blocks(full)
-    (q_n, q_i), (full_q_n, full_q_i) = ordered_blocks(some.mT), ordered_blocks(full.mT)
+    counts, order = ordered_blocks(torch.stack([some, full, some.mT, full.mT])[:, None, None])
+    kv_n, full_kv_n, q_n, full_q_n = counts.unbind()
+    kv_i, full_kv_i, q_i, full_q_i = order.unbind()
     return BlockMask(seq_lengths=(docs.numel(), docs.numel()), kv_num_blocks=kv_n, kv_indices=kv_i,
                      full_kv_num_blocks=full_kv_n, full_kv_indices=full_kv_i, q_num_blocks=q_n, q_indices=q_i,
                      full_q_num_blocks=full_q_n, full_q_indices=full_q_i, BLOCK_SIZE=(MASK_BLOCK, MASK_BLOCK),

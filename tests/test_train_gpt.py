@@ -83,15 +83,18 @@ def test_dense_and_block_masks_equal_brute_force(T, window):
             assert ours.dtype == torchs.dtype and torch.equal(ours, torchs), (name, field)
 
 
-def test_block_masks_are_built_without_a_sort():
+def test_block_masks_are_built_without_sorts_or_reductions():
     """Compiled, a stable argsort becomes a Triton sort whose cold compile took the training graph from 51 to
-    115 s on an H200 (pytorch issue 182060): the BlockMask's layouts come from cumsums and scatters."""
+    115 s on an H200 (pytorch issue 182060); cumsums and row sums over the 384 blocks, fused with the block
+    comparisons, failed inductor's codegen on torch 2.11. The BlockMask's layouts come from a matmul and a
+    scatter: pointwise kernels and one GEMM."""
     from torch.fx.experimental.proxy_tensor import make_fx
     tokens = torch.from_numpy(token_layouts(1024, 3)["random"])
     graph = make_fx(lambda d, w: tg.block_attention_mask(d, w).as_tuple()[2:10])(tg.document_ids(tokens),
                                                                                    torch.tensor(3))
     ops = {str(n.target) for n in graph.graph.nodes if n.op == "call_function"}
-    assert "aten.scatter.src" in ops and not [op for op in ops if "sort" in op], ops
+    assert "aten.scatter.src" in ops and not [op for op in ops if "sort" in op or "cumsum" in op
+                                              or op.startswith(("aten.sum", "aten.amax", "aten.any"))], ops
 
 
 def reference_attention(q, k, v, mask, scale):
