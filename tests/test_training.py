@@ -375,6 +375,22 @@ def test_cuda_fp8_and_flex_match_fallbacks():
     torch.testing.assert_close(flex, dense, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_compiled_block_mask_equals_eager():
+    """At the training length (384 blocks), as the whole-model graph compiles it: on an H200 with torch 2.11,
+    masks built from cumsums and row sums failed inductor's codegen there, which no CPU test could see."""
+    T = 49152
+    tokens = torch.randint(0, 50000, (T,), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    tokens[::3000] = tg.BOS_ID
+    tokens[5000:20000] = 7  # a long document: blocks wholly inside one
+    build = lambda t, w: tg.block_attention_mask(tg.document_ids(t), w).as_tuple()[2:10]  # noqa: E731
+    for w in (1, 5, 14):
+        window = torch.tensor(w, device="cuda")
+        compiled = torch.compile(build, dynamic=False, fullgraph=True)(tokens, window)
+        for got, want in zip(compiled, build(tokens, window)):
+            assert torch.equal(got, want), w
+
+
 def test_profiler_sorts_kernels_by_what_they_do():
     """Kernel names as torch.profiler reported them on an H200 (records/*/profiles/): a float8 copy is a copy,
     not an FP8 GEMM; cuBLAS's nvjet kernels are FP8 GEMMs only with q in their tile code."""
