@@ -338,14 +338,19 @@ def attention_mask(docs: Tensor, window_blocks: Tensor):
 FLEX_SMALL_TILES = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32,
                     "num_stages": 1}
 FLEX_DEFAULT_TILES_SMEM = 160 * 1024  # bytes of shared memory per block from which Flex's own tiles fit
+# On an H200 at the training shape (49,152 tokens, the windows of step 100), 64x64 forward tiles in 3 stages of
+# 4 warps took 0.438 ms per call against 0.489 for Flex's sm_90 default of 128x64 with 8 warps (inductor's own
+# max-autotune picked them too); its backward default was the fastest of 13 (records/2026-12-03_speed3-h200)
+FLEX_HOPPER_TILES = {"fwd_BLOCK_M": 64, "fwd_BLOCK_N": 64, "fwd_num_stages": 3, "fwd_num_warps": 4}
 flex_kernel_options = None  # passed to every flex_attention call; build() sets it from --flex_tiles
 
 
-def choose_flex_tiles(choice: str, smem_per_block: int):
-    """FlexAttention kernel options for --flex_tiles on a GPU with this much shared memory per block (opt-in):
-    None keeps Flex's defaults."""
-    small = choice == "small" or (choice == "auto" and smem_per_block < FLEX_DEFAULT_TILES_SMEM)
-    return dict(FLEX_SMALL_TILES) if small else None
+def choose_flex_tiles(choice: str, smem_per_block: int, capability: tuple = (0, 0)):
+    """FlexAttention kernel options for --flex_tiles on a GPU with this much shared memory per block (opt-in)
+    and this compute capability: None keeps Flex's defaults."""
+    if choice == "small" or (choice == "auto" and smem_per_block < FLEX_DEFAULT_TILES_SMEM):
+        return dict(FLEX_SMALL_TILES)
+    return dict(FLEX_HOPPER_TILES) if choice == "auto" and tuple(capability) == (9, 0) else None
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask, scale: float) -> Tensor:
@@ -975,7 +980,8 @@ class Hyperparameters:
     no_attn_layers: tuple = H((7,), "layers without attention, MLP only (record: layer 7)")
     fp8_head: bool = H(True, "lm_head matmuls in FP8 while training (e4m3 forward, e5m2 grads); bf16 in eval")
     flex_tiles: str = H("auto", "FlexAttention's Triton tiles: default, small (fits GPUs with 99 KiB shared memory "
-                                "per block, e.g. RTX 3090/4090), or auto: small below 160 KiB")
+                                "per block, e.g. RTX 3090/4090), or auto: small below 160 KiB, "
+                                "a faster forward tile on H100/H200")
     # optimizer (Aug 2025 record)
     muon_lr: float = H(0.05, "Muon lr for hidden matrices")
     head_lr: float = H(0.008, "Adam lr for lm_head")
@@ -1462,8 +1468,8 @@ def build(cfg: Hyperparameters) -> Trainer:
     if device.type == "cuda":
         global flex_kernel_options
         smem = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
-        flex_kernel_options = choose_flex_tiles(cfg.flex_tiles, smem)
-        if flex_kernel_options and cfg.flex_tiles == "auto":
+        flex_kernel_options = choose_flex_tiles(cfg.flex_tiles, smem, torch.cuda.get_device_capability(device))
+        if flex_kernel_options == FLEX_SMALL_TILES and cfg.flex_tiles == "auto":
             notes.append(log_line(note="flex_small_tiles", why=f"{smem // 1024}KiB_shared_memory_per_block"))
     ckpt = read_checkpoint(cfg, comm) if cfg.resume else None
     # a resumed run keeps its run_id, and so its log, unless told otherwise

@@ -298,12 +298,16 @@ def test_other_errors_keep_their_traceback(sample_shards, tmp_path, monkeypatch)
 def test_flex_tiles_fit_the_gpus_shared_memory():
     """Shared memory per block (opt-in) of an RTX 3090/4090 (sm_86/89), an A100 and an H100/H200."""
     consumer, a100, hopper = 101_376, 166_912, 232_448
-    assert tg.choose_flex_tiles("auto", consumer) == tg.FLEX_SMALL_TILES
-    assert tg.choose_flex_tiles("auto", a100) is None and tg.choose_flex_tiles("auto", hopper) is None
-    assert tg.choose_flex_tiles("small", hopper) == tg.FLEX_SMALL_TILES
-    assert tg.choose_flex_tiles("default", consumer) is None
+    assert tg.choose_flex_tiles("auto", consumer, (8, 6)) == tg.FLEX_SMALL_TILES
+    assert tg.choose_flex_tiles("auto", a100, (8, 0)) is None
+    assert tg.choose_flex_tiles("auto", hopper, (9, 0)) == tg.FLEX_HOPPER_TILES  # forward tiles only
+    assert not [k for k in tg.FLEX_HOPPER_TILES if not k.startswith("fwd_")]
+    assert tg.choose_flex_tiles("default", hopper, (9, 0)) is None
+    assert tg.choose_flex_tiles("small", hopper, (9, 0)) == tg.FLEX_SMALL_TILES
+    assert tg.choose_flex_tiles("default", consumer, (8, 6)) is None
     # the tiles must tile the BlockMask's 128-token blocks
-    assert all(tg.MASK_BLOCK % v == 0 for k, v in tg.FLEX_SMALL_TILES.items() if k.startswith("BLOCK"))
+    for tiles in (tg.FLEX_SMALL_TILES, tg.FLEX_HOPPER_TILES):
+        assert all(tg.MASK_BLOCK % v == 0 for k, v in tiles.items() if "BLOCK" in k)
 
 
 # ---- round two (issue 19): no run deletes or corrupts another's files, no wrecked run exits 0
