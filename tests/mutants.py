@@ -84,6 +84,9 @@ MUTANTS = {
     "block masks' query side not transposed": ("train_gpt.py", [
         ("torch.stack([some, full, some.mT, full.mT])", "torch.stack([some, full, some, full])")],
         ["tests/test_train_gpt.py::test_dense_and_block_masks_equal_brute_force"]),
+    "Hopper's Flex forward tiles never chosen": ("train_gpt.py", [
+        ('choice == "auto" and tuple(capability) == (9, 0)', 'choice == "auto" and False')],
+        ["tests/test_trust.py::test_flex_tiles_fit_the_gpus_shared_memory"]),
     "profiler counts torch's copy kernels as other kernels": ("train_gpt.py", [
         ('r"[Mm]emcpy|[Mm]emset|copy_kernel|[Ff]ill"', 'r"[Mm]emcpy|[Mm]emset|[Ff]ill"')],
         ["tests/test_training.py::test_profiler_sorts_kernels_by_what_they_do"]),
