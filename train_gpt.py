@@ -290,7 +290,7 @@ def ordered_blocks(visible: Tensor) -> tuple[Tensor, Tensor]:
     v = visible.float()
     cols = torch.arange(v.size(-1), device=v.device)
     earlier = (cols[:, None] < cols[None, :]).float()  # earlier[k, j]: column k comes before column j
-    true_before = (v @ earlier).to(torch.int32)  # exact: fp32 sums of at most 384 ones
+    true_before = (v @ earlier).to(torch.int32)  # exact: ones (even in TF32) summed in fp32, below 2^24
     counts = true_before[..., -1] + visible[..., -1]
     # a true block goes after the true ones before it; a false one after all true ones and the false before it
     slot = torch.where(visible, true_before, counts[..., None] + cols.to(torch.int32) - true_before)
