@@ -340,12 +340,13 @@ FLEX_SMALL_TILES = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_M1": 32, "BLOCK_N1": 64
 FLEX_DEFAULT_TILES_SMEM = 160 * 1024  # bytes of shared memory per block from which Flex's own tiles fit
 # On an H200 at the training shape (49,152 tokens, the windows of step 100), 64x64 forward tiles in 3 stages of
 # 4 warps took 0.438 ms per call against 0.489 for Flex's sm_90 default of 128x64 with 8 warps (inductor's own
-# max-autotune picked them too); its backward default was the fastest of 13 (records/2026-12-03_speed3-h200)
+# max-autotune picked them too); its backward default was the fastest of 13. In whole steps 21-45, where
+# windows are short, the gain was within the noise (records/2026-12-03_speed3-h200)
 FLEX_HOPPER_TILES = {"fwd_BLOCK_M": 64, "fwd_BLOCK_N": 64, "fwd_num_stages": 3, "fwd_num_warps": 4}
 flex_kernel_options = None  # passed to every flex_attention call; build() sets it from --flex_tiles
 
 
-def choose_flex_tiles(choice: str, smem_per_block: int, capability: tuple = (0, 0)):
+def choose_flex_tiles(choice: str, smem_per_block: int, capability: tuple):
     """FlexAttention kernel options for --flex_tiles on a GPU with this much shared memory per block (opt-in)
     and this compute capability: None keeps Flex's defaults."""
     if choice == "small" or (choice == "auto" and smem_per_block < FLEX_DEFAULT_TILES_SMEM):

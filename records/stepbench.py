@@ -2,7 +2,8 @@
 and windows as records/seeds.sh, compiled and warmed up as train_gpt.py does, then each step synchronized
 and timed; optionally a profile of two steps. About a minute per variant, so one device call compares
 several. Writes its log (with the source) and profile to --out. Used by the records 2026-12-03_speed-h200
-(before the step's kernel tally and the not-learning switch-off were added) and 2026-12-03_speed2-h200.
+(before the step's kernel tally and the not-learning switch-off were added), 2026-12-03_speed2-h200 and
+2026-12-03_speed3-h200.
 
     python records/stepbench.py --out DIR --name NAME [--script train_gpt.py]
         [--steps 21,45] [--profile 30,31] [--gaps 33] [--set NAME=VALUE] [-- TRAIN_GPT_FLAGS...]
