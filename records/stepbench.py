@@ -59,6 +59,8 @@ def summarize_trace(prof, out: str, name: str):
         ms[k.name[:90]] += (k.time_range.end - k.time_range.start) / 1000
     lines += ["", "kernels by count: count, ms in all, name"]
     lines += [f"{n:6d} {ms[name]:8.2f}  {name}" for name, n in count.most_common(40)]
+    lines += ["", "kernels by time: count, ms in all, name (every kernel over 0.2 ms in the step)"]
+    lines += [f"{count[name]:6d} {t:8.2f}  {name}" for name, t in ms.most_common() if t > 0.2]
     lines += ["", prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60)]
     (Path(out) / f"{name}_gaps.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:12]), flush=True)
