@@ -160,6 +160,59 @@ if triton is not None:
         tile = tl.load(src_ptr + r[:, None] * C + c[None, :], mask=inside)
         tl.store(dst_ptr + c[:, None] * R + r[None, :], tl.trans(tile), mask=tl.trans(inside))
 
+    @triton.jit
+    def _qk_norm_rotary_fwd(x_ptr, cos_ptr, sin_ptr, y_ptr, R, T, sx_b, sx_t, sx_h, eps, HEADS: tl.constexpr,
+                            D: tl.constexpr, BLOCK_R: tl.constexpr):
+        """Rows r = (b, t, head) of x (B, T, HEADS, D), strides (sx_b, sx_t, sx_h, 1), into y (B, T, HEADS, D)
+        contiguous: y = rotary(rms_norm(x)), the normed row rounded to bf16 before it is turned, as norm()
+        hands it to rotary(). Each row is read once, as its two halves, and reduced in registers."""
+        HALF: tl.constexpr = D // 2
+        r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+        live = (r < R)[:, None]
+        tok, head = r // HEADS, r % HEADS
+        t = tok % T
+        j = tl.arange(0, HALF)[None, :]
+        src = x_ptr + ((tok // T) * sx_b + t * sx_t + head * sx_h)[:, None] + j
+        x1 = tl.load(src, mask=live, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF, mask=live, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
+        n1 = (x1 * rstd).to(tl.bfloat16).to(tl.float32)
+        n2 = (x2 * rstd).to(tl.bfloat16).to(tl.float32)
+        c = tl.load(cos_ptr + t[:, None] * HALF + j, mask=live, other=0.0)
+        s = tl.load(sin_ptr + t[:, None] * HALF + j, mask=live, other=0.0)
+        dst = y_ptr + r[:, None] * D + j
+        tl.store(dst, (n1 * c + n2 * s).to(tl.bfloat16), mask=live)
+        tl.store(dst + HALF, (n2 * c - n1 * s).to(tl.bfloat16), mask=live)
+
+    @triton.jit
+    def _qk_norm_rotary_bwd(x_ptr, g_ptr, cos_ptr, sin_ptr, dx_ptr, R, T, sx_b, sx_t, sx_h, sg_b, sg_t, sg_h,
+                            sd_b, sd_t, sd_h, eps, HEADS: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr):
+        """dx (strides sd_*) for the rows of _qk_norm_rotary_fwd, given g = dL/dy (strides sg_*). As
+        autograd computes it: the rotary's transpose in fp32, rounded to bf16 (the grad of norm()'s bf16
+        output), then rms_norm's backward dx = rstd (gn - n mean(gn n)), n = x rstd unrounded."""
+        HALF: tl.constexpr = D // 2
+        r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+        live = (r < R)[:, None]
+        tok, head = r // HEADS, r % HEADS
+        b, t = tok // T, tok % T
+        j = tl.arange(0, HALF)[None, :]
+        at_x = x_ptr + (b * sx_b + t * sx_t + head * sx_h)[:, None] + j
+        at_g = g_ptr + (b * sg_b + t * sg_t + head * sg_h)[:, None] + j
+        at_d = dx_ptr + (b * sd_b + t * sd_t + head * sd_h)[:, None] + j
+        x1 = tl.load(at_x, mask=live, other=0.0).to(tl.float32)
+        x2 = tl.load(at_x + HALF, mask=live, other=0.0).to(tl.float32)
+        g1 = tl.load(at_g, mask=live, other=0.0).to(tl.float32)
+        g2 = tl.load(at_g + HALF, mask=live, other=0.0).to(tl.float32)
+        c = tl.load(cos_ptr + t[:, None] * HALF + j, mask=live, other=0.0)
+        s = tl.load(sin_ptr + t[:, None] * HALF + j, mask=live, other=0.0)
+        gn1 = (g1 * c - g2 * s).to(tl.bfloat16).to(tl.float32)
+        gn2 = (g1 * s + g2 * c).to(tl.bfloat16).to(tl.float32)
+        rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
+        n1, n2 = x1 * rstd, x2 * rstd
+        dot = ((tl.sum(gn1 * n1, 1) + tl.sum(gn2 * n2, 1)) / D)[:, None]
+        tl.store(at_d, (rstd * (gn1 - n1 * dot)).to(tl.bfloat16), mask=live)
+        tl.store(at_d + HALF, (rstd * (gn2 - n2 * dot)).to(tl.bfloat16), mask=live)
+
 
 # Launch settings measured on an H200 at 49,152 x 50,304 (records/2026-12-03_speed-h200/pieces.txt): the CE
 # kernel (BLOCK_T, BLOCK_V, num_warps) 5.0 ms, the transpose's tile 1.28 ms (3.9 TB/s, a device copy: 4.3 TB/s)
@@ -258,6 +311,66 @@ def _fp8_head_grad(ctx, grad_loss, *_):
 
 
 fp8_head_loss.register_autograd(_fp8_head_grad, setup_context=_fp8_head_setup)
+
+
+# QK-norm and RoPE of q and k (norm, then rotary) as one op on GPU, with a hand-written kernel each way.
+# Compiled from torch code, inductor's kernels took 0.18 ms forward and 0.21 ms backward per layer and
+# micro-step on an H200 (a looped reduction that re-read its rows, and the cos/sin tables per head); these take
+# 0.083 and 0.118 (records/2026-12-03_speed4-h200). The op owns the whole grad of its input, so q and k get a
+# matmul of their own: were its input part of one qkv matmul's output, inductor would copy the op's grad into
+# the qkv grad, which costs nearly what the kernels save.
+QK_ROWS = 32  # rows (token, head) per program: 16 to 64 timed the same on an H200
+FP32_EPS = torch.finfo(torch.float32).eps  # F.rms_norm's default eps for bf16 input, which it normalizes in fp32
+
+
+@torch.library.custom_op("train_gpt::qk_norm_rotary", mutates_args=())
+def qk_norm_rotary(qk: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """CUDA and bf16 only (the model's norm_rotary_qk() is the rule, in torch): qk (B, T, 2 heads, head_dim), q's
+    heads then k's, to q and k, each rotary(norm(.)) as (B, T, heads, head_dim); cos, sin: Rotary's tables."""
+    B, T, H2, D = qk.shape
+    rows = B * T * H2 // 2
+    q, k = (qk.new_empty(B, T, H2 // 2, D) for _ in range(2))
+    for x, y in zip(qk.chunk(2, dim=2), (q, k)):
+        _qk_norm_rotary_fwd[(triton.cdiv(rows, QK_ROWS),)](x, cos, sin, y, rows, T, *x.stride()[:3], FP32_EPS,
+                                                           HEADS=H2 // 2, D=D, BLOCK_R=QK_ROWS, num_warps=4)
+    return q, k
+
+
+@qk_norm_rotary.register_fake
+def _(qk, cos, sin):
+    B, T, H2, D = qk.shape
+    return qk.new_empty(B, T, H2 // 2, D), qk.new_empty(B, T, H2 // 2, D)
+
+
+@torch.library.custom_op("train_gpt::qk_norm_rotary_backward", mutates_args=())
+def qk_norm_rotary_backward(qk: Tensor, dq: Tensor, dk: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """The grad of qk_norm_rotary's input from those of its outputs (any strides), recomputing the norm."""
+    B, T, H2, D = qk.shape
+    rows = B * T * H2 // 2
+    dqk = qk.new_empty(qk.shape)
+    qk, dq, dk = (t if t.stride(-1) == 1 else t.contiguous() for t in (qk, dq, dk))
+    for x, g, dx in zip(qk.chunk(2, dim=2), (dq, dk), dqk.chunk(2, dim=2)):
+        _qk_norm_rotary_bwd[(triton.cdiv(rows, QK_ROWS),)](x, g, cos, sin, dx, rows, T, *x.stride()[:3],
+                                                           *g.stride()[:3], *dx.stride()[:3], FP32_EPS,
+                                                           HEADS=H2 // 2, D=D, BLOCK_R=QK_ROWS, num_warps=4)
+    return dqk
+
+
+@qk_norm_rotary_backward.register_fake
+def _(qk, dq, dk, cos, sin):
+    return qk.new_empty(qk.shape)
+
+
+def _qk_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _qk_grad(ctx, dq, dk):
+    qk, cos, sin = ctx.saved_tensors
+    return qk_norm_rotary_backward(qk, dq, dk, cos, sin), None, None
+
+
+qk_norm_rotary.register_autograd(_qk_grad, setup_context=_qk_setup)
 
 
 def mask_rule(q_idx: Tensor, kv_idx: Tensor, docs: Tensor, window_blocks: Tensor) -> Tensor:
@@ -604,10 +717,18 @@ def init_uniform(shape: tuple, fan_in: int) -> Tensor:
     return torch.empty(shape).uniform_(-bound, bound)
 
 
+def rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE on x (B, T, heads, head_dim) with tables (>= T, head_dim/2): dims j and j + head_dim/2 of each head
+    turned together by position t's angle theta[t, j], in fp32."""
+    cos, sin = cos[None, :x.size(1), None, :], sin[None, :x.size(1), None, :]
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).type_as(x)
+
+
 class Rotary(nn.Module):
-    """RoPE on half of each head's dims: head_dim/4 frequencies from 1 down to 1/1024 radians per token, and
-    head_dim/4 zero frequencies, so half the dims carry position and half do not. One instance serves every
-    layer (the tables for a 262K-token val sequence are 134 MB)."""
+    """RoPE's tables: head_dim/4 frequencies from 1 down to 1/1024 radians per token, and head_dim/4 zero
+    frequencies, so half the dims carry position and half do not. One instance serves every layer (the tables
+    for a 262K-token val sequence are 134 MB)."""
 
     def __init__(self, head_dim: int, max_len: int):
         super().__init__()
@@ -617,10 +738,17 @@ class Rotary(nn.Module):
         self.register_buffer("cos", theta.cos(), persistent=False)
         self.register_buffer("sin", theta.sin(), persistent=False)
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, T, heads, head_dim)
-        cos, sin = self.cos[None, :x.size(1), None, :], self.sin[None, :x.size(1), None, :]
-        x1, x2 = x.float().chunk(2, dim=-1)
-        return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).type_as(x)
+    def forward(self, x: Tensor) -> Tensor:
+        return rotary(x, self.cos, self.sin)
+
+
+def norm_rotary_qk(qk: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """QK-norm, then RoPE: qk (B, T, 2 heads, head_dim) holds q's heads, then k's. On GPU the qk_norm_rotary op
+    computes the same function with its own kernels (tests/test_training.py checks them against this)."""
+    if qk.is_cuda and triton is not None and qk.dtype == torch.bfloat16:
+        return qk_norm_rotary(qk, cos[:qk.size(1)], sin[:qk.size(1)])
+    q, k = qk.chunk(2, dim=2)
+    return rotary(norm(q), cos, sin), rotary(norm(k), cos, sin)
 
 
 class Attention(nn.Module):
@@ -641,9 +769,10 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, ve, mask) -> Tensor:
         B, T = x.shape[:2]
-        qkv = mm(x, self.qkvo_w[:3].flatten(0, 1).type_as(x).mT)
-        q, k, v = qkv.view(B, T, 3 * self.num_heads, self.head_dim).chunk(3, dim=2)
-        q, k = self.rotary(norm(q)), self.rotary(norm(k))
+        # q and k from one matmul, v from another: see qk_norm_rotary for why not one
+        qk = mm(x, self.qkvo_w[:2].flatten(0, 1).type_as(x).mT).view(B, T, 2 * self.num_heads, self.head_dim)
+        q, k = norm_rotary_qk(qk, self.rotary.cos, self.rotary.sin)
+        v = mm(x, self.qkvo_w[2].type_as(x).mT).view(B, T, self.num_heads, self.head_dim)
         v = self.v_lambdas[0] * v
         if ve is not None:
             v = v + self.v_lambdas[1] * ve.view_as(v)

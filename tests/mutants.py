@@ -43,7 +43,7 @@ MUTANTS = {
          "skip = (self.skip_weights[i - L // 2], skips.pop()) if")],
         [REFERENCE]),
     "QK-norm removed": ("train_gpt.py", [
-        ("q, k = self.rotary(norm(q)), self.rotary(norm(k))", "q, k = self.rotary(q), self.rotary(k)")],
+        ("return rotary(norm(q), cos, sin), rotary(norm(k), cos, sin)", "return rotary(q, cos, sin), rotary(k, cos, sin)")],
         [REFERENCE, GOLDEN]),
     "rotary turned the other way": ("train_gpt.py", [
         ("(x1 * cos + x2 * sin, x2 * cos - x1 * sin)", "(x1 * cos - x2 * sin, x2 * cos + x1 * sin)")],

@@ -357,6 +357,35 @@ def test_cuda_transposed_equals_torch_transpose():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_qk_norm_rotary_kernels_match_float64():
+    """The QK-norm + rotary op's kernels against float64 autograd of the torch rule (norm_rotary_qk on CPU),
+    at the training shape, with q's and k's grads in the layouts Flex's backward hands over (heads outermost)
+    and contiguous. bf16 rounds to 2^-9 relative (~2e-3 rms here); a 1% error in the norm would give 6e-3."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    T, H, D = 49152, 6, 128
+    qk = (torch.randn(1, T, 2 * H, D, device="cuda", generator=gen) * 3).bfloat16()
+    dq, dk = (torch.randn(1, H, T, D, device="cuda", generator=gen).bfloat16().transpose(1, 2) for _ in range(2))
+    rot = tg.Rotary(D, T).cuda()
+    x = qk.requires_grad_()
+    q, k = tg.norm_rotary_qk(x, rot.cos, rot.sin)
+    assert q.shape == k.shape == (1, T, H, D) and q.is_contiguous()
+    dqk, = torch.autograd.grad((q, k), x, (dq, dk))
+    dqk_contiguous, = torch.autograd.grad(tg.norm_rotary_qk(x, rot.cos, rot.sin), x, (dq.contiguous(), dk.contiguous()))
+    assert torch.equal(dqk, dqk_contiguous)
+    qkv = torch.cat([qk.detach(), qk.detach()[:, :, :H]], dim=2).requires_grad_()  # qk as part of a qkv matmul
+    q_view, k_view = tg.norm_rotary_qk(qkv[:, :, :2 * H], rot.cos, rot.sin)
+    assert torch.equal(q_view, q) and torch.equal(k_view, k)
+    assert torch.equal(torch.autograd.grad((q_view, k_view), qkv, (dq, dk))[0][:, :, :2 * H], dqk)
+    x64 = qk.detach().cpu().double().requires_grad_()
+    rot64 = tg.Rotary(D, T).double()
+    want = tg.norm_rotary_qk(x64, rot64.cos, rot64.sin)
+    want_dqk, = torch.autograd.grad(want, x64, (dq.cpu().double(), dk.cpu().double()))
+    for got, ref in ((q, want[0]), (k, want[1]), (dqk, want_dqk)):
+        err = ((got.cpu().double() - ref).norm() / ref.norm()).item()
+        assert err < 4e-3, err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_fp8_and_flex_match_fallbacks():
     gen = torch.Generator(device="cuda").manual_seed(0)
     a = torch.randn(256, 256, device="cuda", generator=gen).to(torch.float8_e4m3fn)
