@@ -1736,6 +1736,7 @@ def save_checkpoint(t: Trainer):
 # GEMMs nvjet_sm90_q*; torch's copy kernels (float8_copy_kernel_cuda, ...) are copies, not FP8 GEMMs.
 KERNEL_CATEGORIES = [("copies and fills", r"[Mm]emcpy|[Mm]emset|copy_kernel|[Ff]ill"),
                      ("softcap CE + fp8 transposes", r"_softcap_ce|_transpose_bytes"),
+                     ("QK-norm + rotary", r"_qk_norm_rotary"),
                      ("FlexAttention", r"flex|triton_tem"),
                      ("FP8 GEMM", r"nvjet_sm90_q|e4m3|e5m2"), ("bf16 GEMM", r"gemm|xmma|cutlass|nvjet|cublas"),
                      ("NCCL", r"nccl"), ("Triton fused (compiled)", r"triton"), ("other", r"")]
