@@ -318,7 +318,7 @@ fp8_head_loss.register_autograd(_fp8_head_grad, setup_context=_fp8_head_setup)
 # micro-step on an H200 (a looped reduction that re-read its rows, and the cos/sin tables per head); these take
 # 0.083 and 0.118 (records/2026-12-03_speed4-h200). The op owns the whole grad of its input, so q and k get a
 # matmul of their own: were its input part of one qkv matmul's output, inductor would copy the op's grad into
-# the qkv grad, which costs nearly what the kernels save.
+# the qkv grad (a 151 MB read and write per call); whole steps ran 1-4 ms slower that way.
 QK_ROWS = 32  # rows (token, head) per program: 16 to 64 timed the same on an H200
 FP32_EPS = torch.finfo(torch.float32).eps  # F.rms_norm's default eps for bf16 input, which it normalizes in fp32
 
@@ -326,9 +326,11 @@ FP32_EPS = torch.finfo(torch.float32).eps  # F.rms_norm's default eps for bf16 i
 @torch.library.custom_op("train_gpt::qk_norm_rotary", mutates_args=())
 def qk_norm_rotary(qk: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
     """CUDA and bf16 only (the model's norm_rotary_qk() is the rule, in torch): qk (B, T, 2 heads, head_dim), q's
-    heads then k's, to q and k, each rotary(norm(.)) as (B, T, heads, head_dim); cos, sin: Rotary's tables."""
+    heads then k's, to q and k, each rotary(norm(.)) as (B, T, heads, head_dim); cos, sin: Rotary's tables
+    (contiguous rows of head_dim/2 angles)."""
     B, T, H2, D = qk.shape
     rows = B * T * H2 // 2
+    qk = qk if qk.stride(-1) == 1 else qk.contiguous()
     q, k = (qk.new_empty(B, T, H2 // 2, D) for _ in range(2))
     for x, y in zip(qk.chunk(2, dim=2), (q, k)):
         _qk_norm_rotary_fwd[(triton.cdiv(rows, QK_ROWS),)](x, cos, sin, y, rows, T, *x.stride()[:3], FP32_EPS,

@@ -1,5 +1,6 @@
-"""Not yet run on a GPU: the experiment for the next lever of issue 17, QK-norm and rotary in one hand-written
-kernel each way.
+"""The experiment for the next lever of issue 17, QK-norm and rotary in one hand-written kernel each way. Written
+in round three, first run on a GPU in round four (../2026-12-03_speed4-h200/profiles/bench_rotary.txt), whose
+train_gpt.py now carries the two kernels.
 
 Today inductor fuses rms_norm and the rotary of q and k into one looped reduction per direction: 15.9 ms forward
 and 18.6 ms backward per step at steps 100-101 (profiles/new_s0_profile.txt), 0.18 and 0.21 ms per call. The
