@@ -132,9 +132,10 @@ if triton is not None:
         s = tl.zeros((BLOCK_T,), tl.float32)
         for v0 in range(0, V, BLOCK_V):
             cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
-            z = tl.load(z_ptr + rows[:, None] * V + cols[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+            inside = live[:, None] & (cols < V)[None, :]  # the last tile may pass the vocab's end
+            z = tl.load(z_ptr + rows[:, None] * V + cols[None, :], mask=inside, other=0.0).to(tl.float32)
             th = _tanh(z * (0.5 / DIV), APPROX)
-            s += tl.sum(tl.exp2(th * HALF_CAP2 - HALF_CAP2), axis=1)  # exp(c - CAP)
+            s += tl.sum(tl.where(inside, tl.exp2(th * HALF_CAP2 - HALF_CAP2), 0.0), axis=1)  # exp(c - CAP)
         lse2 = CAP * LOG2E + tl.log2(s)  # log2 of sum(exp(c))
         t = tl.load(targets_ptr + rows, mask=live, other=0).to(tl.int64)
         z_t = tl.load(z_ptr + rows * V + t, mask=live, other=0.0).to(tl.float32)
@@ -142,13 +143,14 @@ if triton is not None:
         tl.store(loss_ptr + rows, (lse2 - (th_t + 1.0) * HALF_CAP2) / LOG2E, mask=live)
         for v0 in range(0, V, BLOCK_V):
             cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
-            z = tl.load(z_ptr + rows[:, None] * V + cols[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+            inside = live[:, None] & (cols < V)[None, :]
+            z = tl.load(z_ptr + rows[:, None] * V + cols[None, :], mask=inside, other=0.0).to(tl.float32)
             th = _tanh(z * (0.5 / DIV), APPROX)
             p = tl.exp2(th * HALF_CAP2 + (HALF_CAP2 - lse2[:, None]))
             dc = tl.where(cols[None, :] == t[:, None], p - 1.0, p)
             g = dc * (1.0 - th * th) * (inv_grad_s * CAP / (4.0 * DIV))
             g = tl.minimum(tl.maximum(g, -TOP), TOP).to(tl.float8e5)
-            tl.store(g_ptr + rows[:, None] * V + cols[None, :], g, mask=live[:, None])
+            tl.store(g_ptr + rows[:, None] * V + cols[None, :], g, mask=inside)
 
     @triton.jit
     def _transpose_bytes_kernel(src_ptr, dst_ptr, R, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -214,9 +216,12 @@ if triton is not None:
         tl.store(at_d + HALF, (rstd * (gn2 - n2 * dot)).to(tl.bfloat16), mask=live)
 
 
-# Launch settings measured on an H200 at 49,152 x 50,304 (records/2026-12-03_speed-h200/pieces.txt): the CE
-# kernel (BLOCK_T, BLOCK_V, num_warps) 5.0 ms, the transpose's tile 1.28 ms (3.9 TB/s, a device copy: 4.3 TB/s)
-CE_TILES = (32, 128, 4)
+# Launch settings measured on an H200 at 49,152 x 50,304. The CE kernel (BLOCK_T, BLOCK_V, num_warps): 8 rows
+# of 512 in 8 warps took 4.34 ms per micro-step with the transpose, against 4.67 for round one's 32 x 128 in 4,
+# the best of 14 one-shot tiles; a few programs per SM looping over rows of 1-2 (so that the second pass might
+# read L2) took 7.6-15 ms (records/2026-12-04_speed5-h200/bench_ce_*.txt). The transpose's tile: 1.28 ms
+# (3.9 TB/s; a device copy reaches 4.3; records/2026-12-03_speed-h200/pieces.txt)
+CE_TILES = (8, 512, 8)
 # The cap's tanh as tanh.approx: one special-function op per element, not two, in each of the CE kernel's two
 # passes. That op bounds the kernel: 5.78 -> 4.67 ms per micro-step on an H200, for a loss error of at most
 # 1.2e-4 per token (mean 7e-6) and 4e-5 of the e5m2 grads rounded one step differently
@@ -246,7 +251,7 @@ def softcap_ce_grad(z: Tensor, targets: Tensor, grad_s: float) -> tuple[Tensor, 
     transposed tile from the CE kernel itself, as fp8 or as bytes, went to wrong places on an H200 with triton
     3.6 at BLOCK_V 128 and crawled at 256: a separate transpose costs 0.2 ms more than the broken fused one.)"""
     T, V = z.shape
-    if z.is_cuda and triton is not None and V % CE_TILES[1] == 0:
+    if z.is_cuda and triton is not None:
         loss = torch.empty(T, device=z.device, dtype=torch.float32)
         g = torch.empty(T, V, device=z.device, dtype=torch.float8_e5m2)
         block_t, block_v, warps = CE_TILES
@@ -375,23 +380,34 @@ def _qk_grad(ctx, dq, dk):
 qk_norm_rotary.register_autograd(_qk_grad, setup_context=_qk_setup)
 
 
-def mask_rule(q_idx: Tensor, kv_idx: Tensor, docs: Tensor, window_blocks: Tensor) -> Tensor:
-    """The attention mask, the one definition: a query sees a key that is not after it, is in the same
-    document (docs[i] = which document token i is in), and whose 128-token block is fewer than
-    window_blocks blocks before the query's block. The dense fallback and the BlockMask's mask_mod both call it."""
-    return ((q_idx >= kv_idx) & (docs[q_idx] == docs[kv_idx])
-            & (q_idx // MASK_BLOCK - kv_idx // MASK_BLOCK < window_blocks))
+def mask_rule(q_idx: Tensor, kv_idx: Tensor, first: Tensor) -> Tensor:
+    """The attention mask, the one definition: query q sees the keys from first[q] to itself, where first is
+    first_visible()'s. The dense fallback applies it to every pair, the BlockMask's mask_mod to the pairs of
+    partial blocks. One gather per query: on an H200 Flex's forward and backward ran 7-10% faster with it than
+    with same-document written as docs[q] == docs[kv] (two gathers) and the window as a block difference
+    (records/2026-12-04_speed5-h200/bench_flex_mask.txt)."""
+    return (kv_idx <= q_idx) & (kv_idx >= first[q_idx])
 
 
-def document_ids(idx: Tensor) -> Tensor:
-    """Which document each token is in: every document starts with <|endoftext|>, so the count of them so far."""
-    return (idx == BOS_ID).cumsum(0)
+def document_starts(idx: Tensor) -> Tensor:
+    """Where each token's document begins: every document starts with <|endoftext|>, so the position of the
+    latest one so far (0 before the first)."""
+    pos = torch.arange(idx.numel(), device=idx.device)
+    return torch.where(idx == BOS_ID, pos, 0).cummax(0).values
 
 
-def dense_attention_mask(docs: Tensor, window_blocks: Tensor) -> Tensor:
+def first_visible(starts: Tensor, window_blocks: Tensor) -> Tensor:
+    """The first key each query sees: the later of its document's start and the start of the earliest 128-token
+    block in its sliding window (the query's block and the window_blocks - 1 blocks before it). Rises along the
+    sequence, as starts do."""
+    pos = torch.arange(starts.numel(), device=starts.device)
+    return torch.maximum(starts, (pos // MASK_BLOCK - window_blocks + 1) * MASK_BLOCK)
+
+
+def dense_attention_mask(first: Tensor) -> Tensor:
     """mask_rule for every (query, key) pair: a (T, T) bool matrix, for SDPA on CPU."""
-    idx = torch.arange(docs.numel(), device=docs.device)
-    return mask_rule(idx[:, None], idx[None, :], docs, window_blocks)
+    idx = torch.arange(first.numel(), device=first.device)
+    return mask_rule(idx[:, None], idx[None, :], first)
 
 
 def ordered_blocks(visible: Tensor) -> tuple[Tensor, Tensor]:
@@ -413,37 +429,40 @@ def ordered_blocks(visible: Tensor) -> tuple[Tensor, Tensor]:
     return counts, order
 
 
-def block_attention_mask(docs: Tensor, window_blocks: Tensor) -> BlockMask:
+def block_attention_mask(first: Tensor) -> BlockMask:
     """mask_rule as FlexAttention's BlockMask: per query block, the key blocks where every pair is visible (no
     mask_mod needed) and those where some are (mask_rule decides per pair); and per key block, the same query
-    blocks (what backward walks). Blocks are classified from their first and last document ids, which rise
-    along the sequence."""
-    num_blocks = docs.numel() // MASK_BLOCK
-    blk = torch.arange(num_blocks, device=docs.device)
+    blocks (what backward walks). first rises along the sequence, so a block pair is decided by first at the
+    query block's first and last tokens."""
+    num_blocks = first.numel() // MASK_BLOCK
+    blk = torch.arange(num_blocks, device=first.device)
     q_blk, k_blk = blk[:, None], blk[None, :]
-    first, last = docs.view(num_blocks, MASK_BLOCK)[:, 0], docs.view(num_blocks, MASK_BLOCK)[:, -1]
-    in_window = (q_blk >= k_blk) & (q_blk - k_blk < window_blocks)
-    docs_meet = (first[:, None] <= last[None, :]) & (last[:, None] >= first[None, :])
-    one_doc = (first[:, None] == last[None, :]) & (last[:, None] == first[None, :])
-    full = in_window & one_doc & (q_blk > k_blk)
-    some = in_window & docs_meet & ~full
+    earliest, latest = first.view(num_blocks, MASK_BLOCK)[:, 0], first.view(num_blocks, MASK_BLOCK)[:, -1]
+    # some pair visible: the key block is not after the query block, and its last token is not before the
+    # earliest key any of the block's queries sees
+    some_visible = (q_blk >= k_blk) & (earliest[:, None] <= k_blk * MASK_BLOCK + MASK_BLOCK - 1)
+    # every pair: the key block lies wholly before the query block, and at or after the latest first key
+    full = (q_blk > k_blk) & (latest[:, None] <= k_blk * MASK_BLOCK)
+    some = some_visible & ~full
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return mask_rule(q_idx, kv_idx, docs, window_blocks)
+        return mask_rule(q_idx, kv_idx, first)
 
     counts, order = ordered_blocks(torch.stack([some, full, some.mT, full.mT])[:, None, None])
     kv_n, full_kv_n, q_n, full_q_n = counts.unbind()
     kv_i, full_kv_i, q_i, full_q_i = order.unbind()
-    return BlockMask(seq_lengths=(docs.numel(), docs.numel()), kv_num_blocks=kv_n, kv_indices=kv_i,
+    return BlockMask(seq_lengths=(first.numel(), first.numel()), kv_num_blocks=kv_n, kv_indices=kv_i,
                      full_kv_num_blocks=full_kv_n, full_kv_indices=full_kv_i, q_num_blocks=q_n, q_indices=q_i,
                      full_q_num_blocks=full_q_n, full_q_indices=full_q_i, BLOCK_SIZE=(MASK_BLOCK, MASK_BLOCK),
                      mask_mod=mask_mod)
 
 
-def attention_mask(docs: Tensor, window_blocks: Tensor):
-    """The mask in the form attention() takes on this device: a BlockMask for FlexAttention on GPU; on CPU,
-    where Flex has no backward, the dense matrix for SDPA. Built once per forward for each window size."""
-    return block_attention_mask(docs, window_blocks) if docs.is_cuda else dense_attention_mask(docs, window_blocks)
+def attention_mask(starts: Tensor, window_blocks: Tensor):
+    """The mask in the form attention() takes on this device, for documents starting at starts and a window of
+    window_blocks: a BlockMask for FlexAttention on GPU; on CPU, where Flex has no backward, the dense matrix
+    for SDPA. Built once per forward for each window size."""
+    first = first_visible(starts, window_blocks)
+    return block_attention_mask(first) if first.is_cuda else dense_attention_mask(first)
 
 
 # FlexAttention's default Triton tiles at head_dim 128 need more shared memory per thread block in the backward
@@ -874,10 +893,10 @@ class GPT(nn.Module):
 
     def hidden(self, idx: Tensor, window_blocks: Tensor) -> Tensor:
         """idx: (T,) token ids of one sequence. Returns the last block's output, (1, T, dim)."""
-        docs = document_ids(idx)
+        starts = document_starts(idx)
         # long-window layers see window_blocks blocks back, the others half as many (at least one)
-        masks = {True: attention_mask(docs, window_blocks),
-                 False: attention_mask(docs, torch.clamp(window_blocks // 2, min=1))}
+        masks = {True: attention_mask(starts, window_blocks),
+                 False: attention_mask(starts, torch.clamp(window_blocks // 2, min=1))}
         return self.run_blocks(idx, masks)
 
     def run_blocks(self, idx: Tensor, masks: dict) -> Tensor:

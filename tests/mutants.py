@@ -22,11 +22,16 @@ GOLDEN = "tests/test_training.py::test_golden_loss_curve"
 # name: (file, [(text in the file, what it becomes)], the tests (files or node ids) expected to catch it)
 MUTANTS = {
     "document masking removed everywhere": ("train_gpt.py", [
-        ("(q_idx >= kv_idx) & (docs[q_idx] == docs[kv_idx])", "(q_idx >= kv_idx)"),
-        ("    docs_meet = (first[:, None] <= last[None, :]) & (last[:, None] >= first[None, :])\n",
-         "    docs_meet = in_window\n"),
-        ("    one_doc = (first[:, None] == last[None, :]) & (last[:, None] == first[None, :])\n",
-         "    one_doc = in_window\n")], ["tests/test_train_gpt.py"]),
+        ("    return torch.where(idx == BOS_ID, pos, 0).cummax(0).values", "    return torch.zeros_like(pos)")],
+        ["tests/test_train_gpt.py"]),
+    "mask_mod causal only (the block lists alone keep documents and window)": ("train_gpt.py", [
+        ("        return mask_rule(q_idx, kv_idx, first)", "        return mask_rule(q_idx, kv_idx, torch.zeros_like(first))")],
+        ["tests/test_train_gpt.py::test_dense_and_block_masks_equal_brute_force",
+         "tests/test_train_gpt.py::test_flex_and_sdpa_paths_equal_reference_attention"]),
+    "block masks' full blocks a token too late": ("train_gpt.py", [
+        ("full = (q_blk > k_blk) & (latest[:, None] <= k_blk * MASK_BLOCK)",
+         "full = (q_blk > k_blk) & (latest[:, None] <= k_blk * MASK_BLOCK + 1)")],
+        ["tests/test_train_gpt.py::test_dense_and_block_masks_equal_brute_force"]),
     "Nesterov removed from Muon": ("train_gpt.py", [
         ("newton_schulz5(grad.lerp(momentum_buf, momentum))", "newton_schulz5(momentum_buf)")],
         ["tests/test_train_gpt.py"]),

@@ -42,6 +42,8 @@ def token_layouts(T: int, seed: int) -> dict:
     layouts["random"] = t
     t = base.copy()
     t[[0, BLOCK, 2 * BLOCK - 1, 3 * BLOCK - 1, 3 * BLOCK, T - BLOCK, T - 1]] = BOS  # on block edges, last in a block
+    if T >= 6 * BLOCK:  # one token into a block: the next block sees all of that block but its first token
+        t[4 * BLOCK + 1] = BOS
     layouts["block_edges"] = t
     t = base.copy()
     t[[BLOCK + 5]] = BOS  # starts inside a document, as a val sequence can
@@ -71,9 +73,9 @@ def expand_block_mask(bm, T: int) -> torch.Tensor:
 def test_dense_and_block_masks_equal_brute_force(T, window):
     for name, tokens in token_layouts(T, window).items():
         want = torch.from_numpy(reference_mask(tokens, window))
-        docs, w = tg.document_ids(torch.from_numpy(tokens)), torch.tensor(window)
-        assert torch.equal(tg.dense_attention_mask(docs, w), want), name
-        bm = tg.block_attention_mask(docs, w)
+        starts, w = tg.document_starts(torch.from_numpy(tokens)), torch.tensor(window)
+        assert torch.equal(tg.dense_attention_mask(tg.first_visible(starts, w)), want), name
+        bm = tg.block_attention_mask(tg.first_visible(starts, w))
         assert torch.equal(expand_block_mask(bm, T), want), name
         # what backward walks, per key block the query blocks, against torch's own transpose of the kv layout
         ref = BlockMask.from_kv_blocks(bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices,
@@ -90,8 +92,8 @@ def test_block_masks_are_built_without_sorts_or_reductions():
     scatter: pointwise kernels and one GEMM."""
     from torch.fx.experimental.proxy_tensor import make_fx
     tokens = torch.from_numpy(token_layouts(1024, 3)["random"])
-    graph = make_fx(lambda d, w: tg.block_attention_mask(d, w).as_tuple()[2:10])(tg.document_ids(tokens),
-                                                                                   torch.tensor(3))
+    build = lambda d, w: tg.block_attention_mask(tg.first_visible(d, w)).as_tuple()[2:10]  # noqa: E731
+    graph = make_fx(build)(tg.document_starts(tokens), torch.tensor(3))
     ops = {str(n.target) for n in graph.graph.nodes if n.op == "call_function"}
     assert "aten.scatter.src" in ops and not [op for op in ops if "sort" in op or "cumsum" in op
                                               or op.startswith(("aten.sum", "aten.amax", "aten.any"))], ops
@@ -111,12 +113,12 @@ def test_flex_and_sdpa_paths_equal_reference_attention(T, window):
     (the CPU path), against float64 attention with the brute-force mask."""
     gen = torch.Generator().manual_seed(window)
     tokens = token_layouts(T, window)["random"]
-    docs, w = tg.document_ids(torch.from_numpy(tokens)), torch.tensor(window)
+    starts, w = tg.document_starts(torch.from_numpy(tokens)), torch.tensor(window)
     q, k, v = (torch.randn(1, T, 2, 16, generator=gen) for _ in range(3))
     want = reference_attention(q[0], k[0], v[0], torch.from_numpy(reference_mask(tokens, window)), 0.12)
-    flex = flex_attention(*(t.transpose(1, 2) for t in (q, k, v)), block_mask=tg.block_attention_mask(docs, w),
-                          scale=0.12).transpose(1, 2)
-    sdpa = tg.attention(q, k, v, tg.attention_mask(docs, w), 0.12)
+    block_mask = tg.block_attention_mask(tg.first_visible(starts, w))
+    flex = flex_attention(*(t.transpose(1, 2) for t in (q, k, v)), block_mask=block_mask, scale=0.12).transpose(1, 2)
+    sdpa = tg.attention(q, k, v, tg.attention_mask(starts, w), 0.12)
     torch.testing.assert_close(flex[0].double(), want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(sdpa[0].double(), want, atol=1e-5, rtol=1e-5)
 
