@@ -218,8 +218,8 @@ if triton is not None:
 
 # Launch settings measured on an H200 at 49,152 x 50,304. The CE kernel (BLOCK_T, BLOCK_V, num_warps): 8 rows
 # of 512 in 8 warps took 4.34 ms per micro-step with the transpose, against 4.67 for round one's 32 x 128 in 4,
-# the best of 14 one-shot tiles; a few programs per SM looping over rows of 1-2 (so that the second pass might
-# read L2) took 7.6-15 ms (records/2026-12-04_speed5-h200/bench_ce_*.txt). The transpose's tile: 1.28 ms
+# the best of 13 tiles; a few programs per SM looping over rows of 1-2 (so that the second pass might read L2)
+# took 7.6-15 ms (records/2026-12-04_speed5-h200/profiles/bench_ce_*.txt). The transpose's tile: 1.28 ms
 # (3.9 TB/s; a device copy reaches 4.3; records/2026-12-03_speed-h200/pieces.txt)
 CE_TILES = (8, 512, 8)
 # The cap's tanh as tanh.approx: one special-function op per element, not two, in each of the CE kernel's two
@@ -383,9 +383,9 @@ qk_norm_rotary.register_autograd(_qk_grad, setup_context=_qk_setup)
 def mask_rule(q_idx: Tensor, kv_idx: Tensor, first: Tensor) -> Tensor:
     """The attention mask, the one definition: query q sees the keys from first[q] to itself, where first is
     first_visible()'s. The dense fallback applies it to every pair, the BlockMask's mask_mod to the pairs of
-    partial blocks. One gather per query: on an H200 Flex's forward and backward ran 7-10% faster with it than
+    partial blocks. One gather per query: on an H200 Flex's forward and backward ran 7-12% faster with it than
     with same-document written as docs[q] == docs[kv] (two gathers) and the window as a block difference
-    (records/2026-12-04_speed5-h200/bench_flex_mask.txt)."""
+    (records/2026-12-04_speed5-h200/profiles/bench_flex_mask.txt)."""
     return (kv_idx <= q_idx) & (kv_idx >= first[q_idx])
 
 
