@@ -248,8 +248,9 @@ def softcap_ce_grad(z: Tensor, targets: Tensor, grad_s: float) -> tuple[Tensor, 
     and its grad dloss/dz in e5m2 units of grad_s, row-major and transposed (the two operands of the head's
     backward matmuls: FP8 matmuls take only K-contiguous operands, and K is the token dim for grad_w). On GPU
     a Triton kernel reads z twice and writes the fp8 grad, and a second one transposes it. (Stores of the
-    transposed tile from the CE kernel itself, as fp8 or as bytes, went to wrong places on an H200 with triton
-    3.6 at BLOCK_V 128 and crawled at 256: a separate transpose costs 0.2 ms more than the broken fused one.)"""
+    transposed tile from the CE kernel itself went to wrong places on an H200 with triton 3.6, as fp8 or as
+    bytes, through tl.trans (0.2 ms faster than the separate transpose, records/2026-12-03_speed-h200) or
+    through transposed addresses (0.4 ms slower, records/2026-12-04_speed5-h200).)"""
     T, V = z.shape
     if z.is_cuda and triton is not None:
         loss = torch.empty(T, device=z.device, dtype=torch.float32)
