@@ -76,14 +76,14 @@ def flex(docs_path: str):
     else:
         tokens = torch.randint(0, 50000, (T,), device="cuda")
         tokens[::700] = tg.BOS_ID
-    docs = tg.document_starts(tokens)
+    starts = tg.document_starts(tokens)
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(1, 6, T, 128, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
                for _ in range(3))
     dout = torch.randn(1, 6, T, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
     # (long, short) windows in blocks at steps 33 and 100 of the 125-step proxy bench
-    masks = {w: (tg.attention_mask(docs, torch.tensor(w, device="cuda")),
-                 tg.attention_mask(docs, torch.tensor(max(1, w // 2), device="cuda"))) for w in (4, 11)}
+    masks = {w: (tg.attention_mask(starts, torch.tensor(w, device="cuda")),
+                 tg.attention_mask(starts, torch.tensor(max(1, w // 2), device="cuda"))) for w in (4, 11)}
     variants = {
         "default": None,
         "tma": {"USE_TMA": True},

@@ -30,8 +30,8 @@ CONFIGS = {
 def inputs():
     tokens = tg.load_shard(sorted(Path("/tmp/proxy").glob("proxy_train_*.bin"))[0])
     idx = torch.from_numpy(tokens[:T].astype("int64")).cuda()
-    docs = tg.document_starts(idx)
-    masks = {w: tg.attention_mask(docs, torch.tensor(w, device="cuda")) for w in (11, 5)}
+    starts = tg.document_starts(idx)
+    masks = {w: tg.attention_mask(starts, torch.tensor(w, device="cuda")) for w in (11, 5)}
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(1, HEADS, T, D, device="cuda", generator=gen) for _ in range(3))
     q, k = tg.norm(q), tg.norm(k)  # the trainer's q and k are rms-normed

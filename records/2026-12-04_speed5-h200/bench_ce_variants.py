@@ -63,7 +63,7 @@ def ce_variant(z_ptr, targets_ptr, loss_ptr, g_ptr, gt_ptr, T, inv_grad_s, V: tl
                 tl.store(gt_ptr + cols[None, :] * T + rows[:, None], g, mask=inside)
 
 
-def run(z, targets, block_t, block_v, warps, programs, write_t, stages=None):
+def run(z, targets, block_t, block_v, warps, programs, write_t):
     """(loss, g, g transposed) from the variant; programs: grid size (None: one program per row block)."""
     T, V = z.shape
     loss = torch.empty(T, device=z.device, dtype=torch.float32)
@@ -71,10 +71,9 @@ def run(z, targets, block_t, block_v, warps, programs, write_t, stages=None):
     gt = torch.empty(V, T, device=z.device, dtype=torch.float8_e5m2) if write_t else g
     grid = programs or triton.cdiv(T, block_t)
     iters = triton.cdiv(triton.cdiv(T, block_t), grid)
-    extra = {} if stages is None else {"num_stages": stages}
     ce_variant[(grid,)](z, targets, loss, g, gt, T, 1 / tg.HEAD_GRAD_SCALE, V=V, CAP=tg.SOFTCAP,
                         DIV=tg.SOFTCAP_DIV, TOP=tg.E5M2_MAX, BLOCK_T=block_t, BLOCK_V=block_v,
-                        APPROX=tg.CE_TANH_APPROX, WRITE_T=write_t, ITERS=iters, num_warps=warps, **extra)
+                        APPROX=tg.CE_TANH_APPROX, WRITE_T=write_t, ITERS=iters, num_warps=warps)
     return loss, g, (gt if write_t else tg.transposed(g))
 
 
