@@ -163,28 +163,46 @@ if triton is not None:
         tl.store(dst_ptr + c[:, None] * R + r[None, :], tl.trans(tile), mask=tl.trans(inside))
 
     @triton.jit
+    def _add_into_fp32_kernel(acc_ptr, g_ptr, n, BLOCK: tl.constexpr):
+        """acc[i] += g[i] for fp32 acc and a narrower g, in one pass over both."""
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        live = i < n
+        acc = tl.load(acc_ptr + i, mask=live)
+        tl.store(acc_ptr + i, acc + tl.load(g_ptr + i, mask=live).to(tl.float32), mask=live)
+
+    @triton.jit
+    def _qk_rows(x_ptr, cos_ptr, sin_ptr, R, T, sx_b, sx_t, sx_h, eps, HEADS: tl.constexpr, D: tl.constexpr,
+                 BLOCK_R: tl.constexpr):
+        """What both QK-norm + rotary kernels start with, for this program's rows r = (b, t, head) of x
+        (B, T, HEADS, D): each row's two halves in fp32 and its rms_norm factor, its position's cos and sin,
+        and where the rows are (index, b, t, head, which are live, the half's column)."""
+        HALF: tl.constexpr = D // 2
+        r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+        live = (r < R)[:, None]
+        tok, head = r // HEADS, r % HEADS
+        b, t = tok // T, tok % T
+        j = tl.arange(0, HALF)[None, :]
+        at_x = x_ptr + (b * sx_b + t * sx_t + head * sx_h)[:, None] + j
+        x1 = tl.load(at_x, mask=live, other=0.0).to(tl.float32)
+        x2 = tl.load(at_x + HALF, mask=live, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
+        c = tl.load(cos_ptr + t[:, None] * HALF + j, mask=live, other=0.0)
+        s = tl.load(sin_ptr + t[:, None] * HALF + j, mask=live, other=0.0)
+        return x1, x2, rstd, c, s, r, b, t, head, live, j
+
+    @triton.jit
     def _qk_norm_rotary_fwd(x_ptr, cos_ptr, sin_ptr, y_ptr, R, T, sx_b, sx_t, sx_h, eps, HEADS: tl.constexpr,
                             D: tl.constexpr, BLOCK_R: tl.constexpr):
         """Rows r = (b, t, head) of x (B, T, HEADS, D), strides (sx_b, sx_t, sx_h, 1), into y (B, T, HEADS, D)
         contiguous: y = rotary(rms_norm(x)), the normed row rounded to bf16 before it is turned, as norm()
         hands it to rotary(). Each row is read once, as its two halves, and reduced in registers."""
-        HALF: tl.constexpr = D // 2
-        r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-        live = (r < R)[:, None]
-        tok, head = r // HEADS, r % HEADS
-        t = tok % T
-        j = tl.arange(0, HALF)[None, :]
-        src = x_ptr + ((tok // T) * sx_b + t * sx_t + head * sx_h)[:, None] + j
-        x1 = tl.load(src, mask=live, other=0.0).to(tl.float32)
-        x2 = tl.load(src + HALF, mask=live, other=0.0).to(tl.float32)
-        rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
+        x1, x2, rstd, c, s, r, _, _, _, live, j = _qk_rows(x_ptr, cos_ptr, sin_ptr, R, T, sx_b, sx_t, sx_h, eps,
+                                                           HEADS, D, BLOCK_R)
         n1 = (x1 * rstd).to(tl.bfloat16).to(tl.float32)
         n2 = (x2 * rstd).to(tl.bfloat16).to(tl.float32)
-        c = tl.load(cos_ptr + t[:, None] * HALF + j, mask=live, other=0.0)
-        s = tl.load(sin_ptr + t[:, None] * HALF + j, mask=live, other=0.0)
         dst = y_ptr + r[:, None] * D + j
         tl.store(dst, (n1 * c + n2 * s).to(tl.bfloat16), mask=live)
-        tl.store(dst + HALF, (n2 * c - n1 * s).to(tl.bfloat16), mask=live)
+        tl.store(dst + D // 2, (n2 * c - n1 * s).to(tl.bfloat16), mask=live)
 
     @triton.jit
     def _qk_norm_rotary_bwd(x_ptr, g_ptr, cos_ptr, sin_ptr, dx_ptr, R, T, sx_b, sx_t, sx_h, sg_b, sg_t, sg_h,
@@ -193,23 +211,14 @@ if triton is not None:
         autograd computes it: the rotary's transpose in fp32, rounded to bf16 (the grad of norm()'s bf16
         output), then rms_norm's backward dx = rstd (gn - n mean(gn n)), n = x rstd unrounded."""
         HALF: tl.constexpr = D // 2
-        r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-        live = (r < R)[:, None]
-        tok, head = r // HEADS, r % HEADS
-        b, t = tok // T, tok % T
-        j = tl.arange(0, HALF)[None, :]
-        at_x = x_ptr + (b * sx_b + t * sx_t + head * sx_h)[:, None] + j
+        x1, x2, rstd, c, s, _, b, t, head, live, j = _qk_rows(x_ptr, cos_ptr, sin_ptr, R, T, sx_b, sx_t, sx_h, eps,
+                                                              HEADS, D, BLOCK_R)
         at_g = g_ptr + (b * sg_b + t * sg_t + head * sg_h)[:, None] + j
         at_d = dx_ptr + (b * sd_b + t * sd_t + head * sd_h)[:, None] + j
-        x1 = tl.load(at_x, mask=live, other=0.0).to(tl.float32)
-        x2 = tl.load(at_x + HALF, mask=live, other=0.0).to(tl.float32)
         g1 = tl.load(at_g, mask=live, other=0.0).to(tl.float32)
         g2 = tl.load(at_g + HALF, mask=live, other=0.0).to(tl.float32)
-        c = tl.load(cos_ptr + t[:, None] * HALF + j, mask=live, other=0.0)
-        s = tl.load(sin_ptr + t[:, None] * HALF + j, mask=live, other=0.0)
         gn1 = (g1 * c - g2 * s).to(tl.bfloat16).to(tl.float32)
         gn2 = (g1 * s + g2 * c).to(tl.bfloat16).to(tl.float32)
-        rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
         n1, n2 = x1 * rstd, x2 * rstd
         dot = ((tl.sum(gn1 * n1, 1) + tl.sum(gn2 * n2, 1)) / D)[:, None]
         tl.store(at_d, (rstd * (gn1 - n1 * dot)).to(tl.bfloat16), mask=live)
@@ -228,6 +237,21 @@ CE_TILES = (8, 512, 8)
 # (records/2026-12-03_speed2-h200/pieces.txt). False: the exact tanh, e.g. to compare rounding.
 CE_TANH_APPROX = True
 TRANSPOSE_TILE = (64, 128)
+
+
+ACC_BLOCK = 4096  # elements per program of the fp32 accumulate
+
+
+def add_into_fp32(acc: Tensor, g: Tensor):
+    """acc += g, for a contiguous fp32 acc and a bf16 g of as many elements (a micro-step's grad of a bf16
+    parameter into its fp32 sum). Torch's add of a bf16 tensor into an fp32 one runs its unvectorized
+    mixed-dtype kernel: 0.17 ms per embedding grad (50,304 x 768) on an H200, about 2.3 TB/s, 5.6 ms per step
+    for the four embeddings (records/2026-12-04_speed5-h200/profiles/new_s0_profile.txt)."""
+    if acc.is_cuda and triton is not None:
+        n = acc.numel()
+        _add_into_fp32_kernel[(triton.cdiv(n, ACC_BLOCK),)](acc, g.contiguous(), n, BLOCK=ACC_BLOCK, num_warps=8)
+    else:
+        acc += g
 
 
 def transposed(t: Tensor) -> Tensor:
@@ -637,7 +661,7 @@ class ShardedOptimizer:
     @torch.no_grad()
     def _grad_ready(self, bucket: Bucket, offset: int, param: Tensor):
         if bucket.acc is not None:  # fold this micro-step's bf16 grad into the fp32 sum
-            bucket.acc[offset:offset + param.numel()] += param.grad.reshape(-1)
+            add_into_fp32(bucket.acc[offset:offset + param.numel()], param.grad.reshape(-1))
             param.grad = None
         if self.reduce_in_backward:
             bucket.ready += 1

@@ -75,6 +75,9 @@ MUTANTS = {
     "one GPU's Muon batch orthogonalizes only its first matrix": ("train_gpt.py", [
         ("mine = min(k, len(b.params) - rank * k)", "mine = min(1, len(b.params) - rank * k)")],
         ["tests/test_training.py::test_gloo_processes_equal_one_with_accumulation"]),
+    "bf16 grads' fp32 sum keeps only the last micro-step": ("train_gpt.py", [
+        ("    else:\n        acc += g\n", "    else:\n        acc.copy_(g)\n")],
+        ["tests/test_training.py::test_gloo_processes_equal_one_with_accumulation"]),
     "one Muon matrix per bucket on one GPU too": ("train_gpt.py", [
         ("per_rank = len(same) if comm.world == 1 else 1", "per_rank = 1")],
         ["tests/test_training.py::test_reduce_scatter_starts_during_backward"]),

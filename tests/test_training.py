@@ -309,6 +309,17 @@ def test_scaled_mm_fallback_equals_torch_scaled_mm():
     torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
 
 
+def assert_ce_kernel_matches_fallback(z, targets, loss_atol: float):
+    """softcap_ce_grad's Triton kernels on GPU against its torch fallback on CPU: the losses within loss_atol,
+    under 0.1% of the e5m2 grads a rounding step apart, and the transposed grad exactly the grad's transpose."""
+    loss, g, g_t = tg.softcap_ce_grad(z, targets, tg.HEAD_GRAD_SCALE)
+    ref_loss, ref_g, _ = tg.softcap_ce_grad(z.cpu(), targets.cpu(), tg.HEAD_GRAD_SCALE)
+    torch.testing.assert_close(loss.cpu(), ref_loss, atol=loss_atol, rtol=1e-5)
+    differ = (g.cpu().float() != ref_g.float()).float().mean().item()
+    assert differ < 1e-3, differ
+    assert torch.equal(g_t.view(torch.uint8), g.view(torch.uint8).T)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("approx", [False, True])
 def test_cuda_softcap_ce_kernel_matches_the_torch_fallback(monkeypatch, approx):
@@ -320,12 +331,7 @@ def test_cuda_softcap_ce_kernel_matches_the_torch_fallback(monkeypatch, approx):
     gen = torch.Generator(device="cuda").manual_seed(0)
     z = (torch.randn(1000, 50304, device="cuda", generator=gen) * 20).bfloat16()
     targets = torch.randint(0, 50257, (1000,), device="cuda", generator=gen)
-    loss, g, g_t = tg.softcap_ce_grad(z, targets, tg.HEAD_GRAD_SCALE)  # the Triton kernel
-    ref_loss, ref_g, _ = tg.softcap_ce_grad(z.cpu(), targets.cpu(), tg.HEAD_GRAD_SCALE)
-    torch.testing.assert_close(loss.cpu(), ref_loss, atol=5e-3 if approx else 1e-4, rtol=1e-5)
-    differ = (g.cpu().float() != ref_g.float()).float().mean().item()
-    assert differ < 1e-3, differ
-    assert torch.equal(g_t.float(), g.float().T)
+    assert_ce_kernel_matches_fallback(z, targets, loss_atol=5e-3 if approx else 1e-4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -340,11 +346,7 @@ def test_cuda_softcap_ce_kernel_masks_the_vocab_tail(monkeypatch):
     assert V % tg.CE_TILES[1]
     z = (torch.randn(256, V, device="cuda", generator=gen) * 2 - 40).bfloat16()
     targets = torch.randint(0, V, (256,), device="cuda", generator=gen)
-    loss, g, g_t = tg.softcap_ce_grad(z, targets, tg.HEAD_GRAD_SCALE)
-    ref_loss, ref_g, _ = tg.softcap_ce_grad(z.cpu(), targets.cpu(), tg.HEAD_GRAD_SCALE)
-    torch.testing.assert_close(loss.cpu(), ref_loss, atol=1e-4, rtol=1e-5)
-    assert (g.cpu().float() != ref_g.float()).float().mean().item() < 1e-3
-    assert torch.equal(g_t.view(torch.uint8), g.view(torch.uint8).T)
+    assert_ce_kernel_matches_fallback(z, targets, loss_atol=1e-4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -362,6 +364,21 @@ def test_cuda_softcap_ce_kernel_at_the_training_shape():
     ref_loss, ref_g, _ = tg.softcap_ce_grad(z[rows].cpu(), targets[rows].cpu(), tg.HEAD_GRAD_SCALE)
     torch.testing.assert_close(loss[rows].cpu(), ref_loss, atol=1e-4, rtol=1e-5)
     assert (g[rows].cpu().float() != ref_g.float()).float().mean().item() < 1e-3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_add_into_fp32_is_the_exact_sum():
+    """The fp32 accumulate of bf16 grads against torch's add: exact (one fp32 add per element), at an
+    embedding grad's size and at a ragged one whose last program runs past the end, where nothing beyond the
+    slices may be read or written (both are followed by nonzero data)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for n in (50304 * 768, 3 * tg.ACC_BLOCK + 5):
+        buf = torch.randn(n + 7, device="cuda", generator=gen)
+        g = torch.randn(n + 7, device="cuda", generator=gen).bfloat16()[:n]
+        want = buf.clone()
+        want[:n] += g.float()
+        tg.add_into_fp32(buf[:n], g)
+        assert torch.equal(buf, want), n
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
