@@ -36,17 +36,22 @@ def with_mask_mod(m: BlockMask, mask_mod) -> BlockMask:
                      full_q_indices=m.full_q_indices, BLOCK_SIZE=m.BLOCK_SIZE, mask_mod=mask_mod)
 
 
-def main():
-    torch._dynamo.config.cache_size_limit = 64
-    tokens = tg.load_shard(sorted(Path("/tmp/proxy").glob("proxy_train_*.bin"))[0])
-    idx = torch.from_numpy(tokens[:T].astype("int64")).cuda()
-    docs = (idx == tg.BOS_ID).cumsum(0)  # which document each token is in
-    starts = tg.document_starts(idx)
+def attention_inputs(shard: Path):
+    """The shard's first T tokens on the GPU, and seeded q, k (normed, as QK-norm leaves them), v and an
+    output grad of the training shape, in bf16, q, k, v requiring grad."""
+    idx = torch.from_numpy(tg.load_shard(shard)[:T].astype("int64")).cuda()
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(1, HEADS, T, D, device="cuda", generator=gen) for _ in range(3))
     q, k = tg.norm(q), tg.norm(k)
     q, k, v = (t.bfloat16().requires_grad_() for t in (q, k, v))
-    dy = torch.randn(1, HEADS, T, D, device="cuda", generator=gen).bfloat16()
+    return idx, q, k, v, torch.randn(1, HEADS, T, D, device="cuda", generator=gen).bfloat16()
+
+
+def main():
+    torch._dynamo.config.cache_size_limit = 64
+    idx, q, k, v, dy = attention_inputs(sorted(Path("/tmp/proxy").glob("proxy_train_*.bin"))[0])
+    docs = (idx == tg.BOS_ID).cumsum(0)  # which document each token is in
+    starts = tg.document_starts(idx)
     flex = torch.compile(flex_attention, dynamic=False)
     opts = tg.FLEX_HOPPER_TILES
     print(torch.cuda.get_device_name(), torch.__version__, "fwd options", opts, flush=True)
