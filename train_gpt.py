@@ -1,15 +1,62 @@
 """
 train_gpt.py: train a GPT-2-small-class model on FineWeb .bin shards to val loss <= 3.28, as fast as possible.
 
-    torchrun --standalone --nproc_per_node=8 train_gpt.py      # the record setup; any divisor of --batch_seqs
-                                                               # (1, 2, 4 or 8 GPUs) runs the same training
+    torchrun --standalone --nproc_per_node=8 train_gpt.py      # the record setup; 1, 2, 4 or 8 GPUs run the
+                                                               # same training (fewer GPUs accumulate)
     python train_gpt.py --help                                 # every hyperparameter; any one can be overridden
 
-The recipe is the NanoGPT speedrun record of Aug 2025 (2.812 min on 8xH100: 1695 steps x 393,216 tokens, mean
-val loss 3.2787). Each run writes logs/<run_id>.txt, which starts with this file's source and the environment,
-so a log is enough to re-run and diff it; a resumed run appends to it. Sections: ops (FP8 matmul, attention
-mask, Newton-Schulz, Adam), optimizer, model, data, Hyperparameters, checkpoints, the training steps, main().
+The recipe is the NanoGPT speedrun record of 2026-01-19 (BigramHashEmbedding: 1600 steps, batches growing from
+131,072 to 393,216 tokens, mean val loss 3.2776 on 8xH100); the map below names where each of its tricks lives.
+Each run writes logs/<run_id>.txt, which starts with this file's source and the environment, so a log is enough
+to re-run and diff it; a resumed run appends to it. Sections, in order: config and schedules, model, optimizer,
+data, training, checkpoints, sampling, main, and last the hand-written GPU kernels ("GPU fast paths"), each with
+the plain-torch function it computes (what runs on CPU and what the tests check it against).
 """
+
+# ----------------------------------------------------------------------------------------------------------
+# Recipe map: each trick of the 2026-01-19 record -> the symbol that implements it (the record folder, under
+# records/track_1_short/ of the speedrun's repository, that introduced it)
+#
+#   data     documents clipped to 2048 tokens, BOS-aligned micro-batches ..... TrainLoader (2025-09-03_FA3)
+#            batch size 131K -> 262K -> 393K tokens by thirds ................ batch_seqs_at (2025-11-29_BatchSizeSchedule)
+#   model    11 layers: layer 0's MLP kept, its attention and layer 6's dropped  Hyperparameters.no_attn_layers
+#                                                                               (2025-09-05, 2025-09-21_DropAttn)
+#            token-exact sliding windows, long on layers 3 and 10, grown in stages  first_visible, windows_at
+#            YaRN: RoPE frequencies and attention scale at each window stage ... yarn (2025-09-10_Yarn)
+#            smear: each token embedding mixes in its predecessor's, gated ..... GPT.embed_tokens (2025-09-18_Smear)
+#            backout: the last layer subtracts a scaled copy of layer 7's output  GPT.hidden (2025-10-04_Backout)
+#            one gated U-Net skip, layer 3's output into layer 6 .............. Block.forward (2025-11-18_RefineSkip)
+#            partial key offset: stationary key dims shifted one token ....... shift_stationary_keys (2025-12-14)
+#            embedding tied to lm_head until 2/3 of training ................. ShardedOptimizer.untie (2025-12-19_RetieLMHead)
+#            FP8 lm_head, scales 100/448, 1.6/448, 0.75/448 .................. HEAD_X_SCALE.. (2025-12-19_RetieLMHead)
+#            multi-token prediction, weights [1, .5, .25->0] -> [1, .5->0] -> [1]  mtp_weights_at (2025-12-22)
+#            soft cap 23 sigmoid((z + 5) / 7.5) ............................... softcap (2025-12-26_LogitRescale)
+#            value-embedding gates and the skip gate .......................... Attention.ve_gate_w, GPT.skip_gate_w
+#                                                                               (2025-12-29_VeSkipGates)
+#            paired-head attention on layers 0, 2, 5, 9 ...................... Attention (paired), paired_positions
+#                                                                               (2026-01-07_PairedHeadAttention)
+#            bigram hash embedding added to every layer's input .............. bigram_hash (2026-01-19)
+#            attention output gates, ReLU^2, QK-norm, RoPE on half the dims .. Attention, MLP, norm_rotary_qk
+#   optim    NorMuon: Polar Express orthogonalization, per-neuron 2nd moment . polar_express, normuon_update
+#                                                                               (2025-09-29_PolarExpress, 2025-10-24)
+#            cautious weight decay on Muon and Adam ........................... cautious_step (2025-11-10_CautiousWD,
+#                                                                               2025-12-18_CautiousWDAdam)
+#            Adam every second step on the sum of two steps' grads ........... is_adam_step (2025-09-30_CustomBatching)
+#            per-group Adam rates, betas and decay ............................ ADAM_GROUPS, MUON_GROUPS
+#            lr 1 -> 1.52 -> 1.73 with the batch stages, cooldown over 55% ... lr_factor
+#            Muon momentum 0.85 -> 0.95 over 300 steps, back over the last 50 . muon_momentum
+#
+# Where ours is laid out differently from the record (the same function):
+#   - FlexAttention with a BlockMask, where the record calls FlashAttention-3's varlen kernel: one mask rule
+#     (mask_rule) gives documents, causality and the token window; paired heads attend over the interleaved
+#     sequence through the same rule.
+#   - A step is 8, 16 or 24 micro-batches of 16,384 tokens (one compiled shape), where the record's 8 GPUs
+#     take 1 micro-batch of 16K, 32K or 48K tokens: the same documents, cut into 16K pieces.
+#   - RoPE turns dims j and j + d/2 together (the record turns neighbours 2j, 2j+1): a fixed permutation of
+#     head dims, the same model. The attention scale multiplies q inside the QK-norm + rotary op.
+#   - q and k come from one matmul and v from another; the output projection and MLP weights are fp32 (the
+#     record keeps bf16 weights plus a 16-bit mantissa: the same precision); losses are summed, not averaged
+#     (both optimizers ignore the loss's scale); the head runs in bf16 for validation, as the record's does.
 
 # ----------------------------------------------------------------------------------------------------------
 # Imports
@@ -49,368 +96,526 @@ class UserError(Exception):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Ops: FP8 matmul for the lm_head, the attention mask, Newton-Schulz, Adam
+# Config: hyperparameters, kernel settings, schedules
 
 BOS_ID = 50256       # <|endoftext|> in GPT-2's BPE; FineWeb shards put it before every document
 GPT2_VOCAB = 50257   # token ids 0..50256; a shard holding anything larger is not GPT-2 BPE
-MASK_BLOCK = 128     # FlexAttention's tile size; sliding windows are measured in whole blocks of it
+MASK_BLOCK = 128     # FlexAttention's tile; windows are set in whole blocks of it (the record's block_size)
+
+
+def H(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class Hyperparameters:
+    # data
+    train_files: str = H("data/fineweb10B/fineweb_train_*.bin", "glob of training shards")
+    val_files: str = H("data/fineweb10B/fineweb_val_*.bin", "glob of validation shards")
+    val_tokens: int = H(10_485_760, "the first this many val tokens are scored, a whole number of --val_seq_len "
+                                    "sequences (record: 10,485,760 = 40 x 262,144)")
+    val_seq_len: int = H(4 * 64 * 1024, "tokens per val sequence, a multiple of 128 (record: 262,144)")
+    seq_len: int = H(16 * 1024, "tokens per micro-batch, a multiple of 128 (record: 16,384 per GPU in the first "
+                                "stage)")
+    max_doc_len: int = H(2048, "training documents are clipped to this many tokens (record)")
+    batch_seqs: tuple = H((8, 16, 24), "micro-batches per step, one value per equal part of the scheduled steps: "
+                                       "8, 16, 24 x 16,384 = 131K, 262K, 393K tokens (record)")
+    # schedule
+    num_steps: int = H(1600, "optimizer steps (record)")
+    extension_steps: int = H(40, "the last steps, trained at the final lr, window and batch (record)")
+    cooldown_frac: float = H(0.55, "last fraction of the scheduled steps over which lr falls linearly to 0.1x")
+    lr_stage_scales: tuple = H((1.0, 1.52, 1.73), "lr multiplier in each part of the schedule, as batch_seqs "
+                                                 "grows (record: (16/8)^0.6 and (24/8)^0.5, rounded)")
+    windows: tuple = H((3, 7, 11), "long sliding window in 128-token blocks in each part of the schedule; "
+                                   "short-window layers get half (record)")
+    final_window: int = H(13, "long window in the extension steps (record)")
+    val_window: int = H(20, "long window of the final validation, after YaRN (record)")
+    split_embed_frac: float = H(2 / 3, "fraction of the scheduled steps after which the token embedding is "
+                                       "untied from lm_head (record)")
+    mtp: bool = H(True, "multi-token prediction: also predict the 2nd and 3rd next tokens early on (record)")
+    val_every: int = H(250, "steps between validations; 0 = only at the end")
+    target_val_loss: float = H(3.28, "the speedrun's target (GPT-2 small's FineWeb loss in llm.c); the log notes "
+                                     "the first val at or below it")
+    stop_at_target: bool = H(False, "stop at the first val <= target_val_loss. Off by default: logs that stop "
+                                    "there sit below the target by construction and bias a record's mean")
+    # model (shrink these for smoke runs)
+    vocab_size: int = H(50304, "GPT-2's 50257 tokens padded to a multiple of 128 for fast matmuls")
+    num_layers: int = H(11, "transformer blocks (record)")
+    model_dim: int = H(768, "residual width")
+    num_heads: int = H(6, "attention heads; num_heads * head_dim must equal model_dim")
+    head_dim: int = H(128, "dims per head")
+    long_window_layers: tuple = H((3, 10), "layers with the long window (and the partial key offset); the others "
+                                           "get half of it (record)")
+    no_attn_layers: tuple = H((6,), "layers without attention, MLP only (record: layer 6)")
+    paired_head_layers: tuple = H((0, 2, 5, 9), "layers whose heads attend in pairs over an interleaved sequence "
+                                                "(record)")
+    value_embeds: tuple = H((1, 2, -1, -1, -1, -1, -1, -1, 0, 1, 2), "per layer, the value-embedding table added "
+                                                                   "to its values, -1 for none (record); a list "
+                                                                   "that starts with -1 needs the = form: "
+                                                                   "--value_embeds=-1,0")
+    skip: tuple = H((3, 6), "U-Net skip FROM,TO: layer FROM's output, gated, joins layer TO's input (record)")
+    backout_layer: int = H(7, "the output subtracts a learned multiple of this layer's output (record)")
+    bigram_vocab: int = H(5 * 50304, "rows of the bigram hash embedding; 0 = none (record: 5 x 50,304)")
+    fp8_head: bool = H(True, "lm_head matmuls in FP8 while training (e4m3 forward, e5m2 grads); bf16 in eval")
+    flex_tiles: str = H("auto", "FlexAttention's Triton tiles: default, small (fits GPUs with 99 KiB shared memory "
+                                "per block, e.g. RTX 3090/4090), or auto: small below 160 KiB, a faster forward "
+                                "tile on H100/H200")
+    # optimizer (record)
+    muon_lr: float = H(0.023, "NorMuon lr for hidden matrices, times MUON_GROUPS' multiplier")
+    muon_wd: float = H(1.2, "NorMuon's cautious weight decay, times the lr twice (the record's form)")
+    muon_beta2: float = H(0.95, "NorMuon's second-moment decay")
+    adam_lr: float = H(0.008, "Adam's base lr, times ADAM_GROUPS' multiplier per group")
+    adam_wd: float = H(0.005, "Adam's base cautious weight decay, times ADAM_GROUPS' multiplier and lr^2")
+    adam_eps: float = H(1e-10, "Adam epsilon; tiny so the update does not depend on the loss scale")
+    momentum_warmup_steps: int = H(300, "Muon momentum rises linearly from 0.85 to 0.95 over these steps")
+    momentum_cooldown_steps: int = H(50, "and falls back to 0.85 over the last this many steps")
+    # run
+    seed: int = H(0, "seed for the parameter init")
+    device: str = H("cuda", "cuda, or cpu for tests and tiny smoke runs")
+    compile: bool = H(True, "torch.compile the model and the head (CUDA only)")
+    compile_scope: str = H("auto", "what one compiled graph holds: model (masks and all blocks; one GPU), blocks "
+                                   "(one graph per block, so grads reduce during backward; several GPUs), or "
+                                   "auto: model on one GPU, blocks on more")
+    warmup_steps: int = H(10, "untimed steps run first to compile, then undone (state restored)")
+    log_dir: str = H("logs", "where <run_id>.txt and checkpoints go")
+    run_id: str = H("", "log file name; default: a fresh uuid")
+    save_every: int = H(0, "save a checkpoint every this many steps and at the end; 0 = never")
+    keep_last: int = H(2, "after each save, delete this run's older checkpoints but the newest this many; 0 = keep all")
+    resume: str = H("", "checkpoint to continue from, with identical data order, schedule and optimizer state")
+    profile_steps: tuple = H((), "A,B: profile train steps A..B (CUDA) into <log_dir>/<run_id>_profile.txt: GPU "
+                                 "time per kernel category and the top kernels")
+
+
+# NorMuon groups: lr multiplier on top of the shape factor sqrt(max(1, rows/cols)), which is 2 for the MLP's
+# (3072, 768) matrices (record: the MLP's output matrices step twice as far as its input ones)
+MUON_GROUPS = {"attn": 1.0, "mlp_in": 1.0, "mlp_out": 2.0}
+
+
+@dataclass(frozen=True)
+class AdamGroup:
+    lr_mul: float   # lr = adam_lr * lr_mul
+    wd_mul: float   # weight decay = adam_wd * wd_mul (applied as lr^2 * it, cautiously)
+    betas: tuple
+
+
+# the record's Adam param_table, by group
+ADAM_GROUPS = {
+    "head": AdamGroup(1.0, 150.0, (0.5, 0.95)),       # lm_head, and the token embedding (tied to it until 2/3)
+    "embeds": AdamGroup(75.0, 5.0, (0.75, 0.95)),     # value embeddings and the bigram embedding
+    "scalars": AdamGroup(5.0, 0.0, (0.9, 0.99)),      # residual, attention, bigram, smear, backout, skip lambdas
+    "x0": AdamGroup(5.0, 0.0, (0.65, 0.95)),          # x0 lambdas
+    "gates": AdamGroup(1.0, 1.0, (0.9, 0.99)),        # attention output and value-embedding gates
+    "smear": AdamGroup(0.01, 0.0, (0.9, 0.99)),       # smear gate
+    "skip": AdamGroup(0.05, 0.0, (0.9, 0.99)),        # skip gate
+}
+
+
+@dataclass
+class KernelSettings:
+    """How the GPU kernels are launched (never what they compute). build() makes one per run and logs it;
+    benches and tests set its fields instead of patching the module."""
+    flex_options: dict = None            # FlexAttention kernel_options (from --flex_tiles), None = Flex's own
+    ce_tiles: tuple = (8, 512, 8)        # softcapped CE: rows, vocab columns per tile, warps
+    ce_tanh_approx: bool = True          # the cap's tanh as one tanh.approx op (records/2026-12-03_speed2-h200)
+    transpose_tile: tuple = (64, 128)    # fp8 transpose tile (records/2026-12-03_speed-h200)
+
+
+# settings that may differ between a checkpoint and the run resuming it: none of them changes the training
+RESUME_FREE = ("log_dir", "run_id", "val_every", "save_every", "keep_last", "warmup_steps", "resume",
+               "target_val_loss", "stop_at_target", "profile_steps", "flex_tiles")
+# and these may change on resume too, logged: lower rates are how a diverged run continues from a checkpoint
+RESUME_ADJUSTABLE = ("muon_lr", "adam_lr")
+RUN_ID_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # a plain file name; 200 leaves room for _step...
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not the usage of 50 flags
+        self.exit(2, f"error: {message} (`python train_gpt.py --help` lists every flag)\n")
+
+
+def parse_bool(s: str) -> bool:
+    value = {"1": True, "true": True, "0": False, "false": False}.get(s.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected 1, 0, true or false, not {s!r}")
+    return value
+
+
+def parse_ints(s: str) -> tuple:
+    try:
+        return tuple(int(v) for v in s.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, not {s!r}") from None
+
+
+def parse_floats(s: str) -> tuple:
+    try:
+        return tuple(float(v) for v in s.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, not {s!r}") from None
+
+
+def help_text(f) -> str:
+    """A flag's help with its default. argparse formats help with %, so a literal % is doubled here: help
+    strings are plain text ('2% faster' once crashed --help)."""
+    default = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
+    return f"{f.metadata['help']} (default: {default})".replace("%", "%%")
+
+
+# The record's layout at a width that trains on 2 CPU cores, on the shipped books (data/tokenize_text.py makes
+# data/sample_shards/): 4 layers, layer 1 without attention, layer 2's heads paired, layers 0 and 3 long-windowed
+_CPU = dict(device="cpu", train_files="data/sample_shards/sample_train_*.bin",
+            val_files="data/sample_shards/sample_val_*.bin", num_layers=4, num_heads=2, head_dim=32, model_dim=64,
+            long_window_layers=(0, 3), no_attn_layers=(1,), paired_head_layers=(2,), value_embeds=(1, -1, 0, 1),
+            skip=(0, 2), backout_layer=2, windows=(2, 4), final_window=4, val_window=6, bigram_vocab=5 * 4096,
+            fp8_head=False, warmup_steps=0, val_seq_len=1024, val_tokens=8192)
+# named starting points for runs other than the record's; flags given beside --preset override it
+PRESETS = {
+    "smoke": {**_CPU, "seq_len": 128, "batch_seqs": (1, 2), "num_steps": 20, "extension_steps": 1, "val_every": 10,
+              "val_tokens": 2048, "momentum_warmup_steps": 5, "momentum_cooldown_steps": 2},
+    "books": {**_CPU, "model_dim": 128, "num_heads": 4, "seq_len": 256, "batch_seqs": (4, 6, 8), "num_steps": 150,
+              "extension_steps": 5, "val_every": 25, "momentum_warmup_steps": 30, "momentum_cooldown_steps": 10},
+}
+
+
+def parse_args(argv=None) -> Hyperparameters:
+    parser = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS),
+                        help="start from a named setting: smoke (CPU, under a minute: does it run), books (CPU, a "
+                             "few minutes: a model that writes English words); other flags override it")
+    for f in dataclasses.fields(Hyperparameters):
+        if isinstance(f.default, tuple):
+            kind = parse_floats if f.name == "lr_stage_scales" else parse_ints
+        else:
+            kind = {bool: parse_bool}.get(type(f.default), type(f.default))
+        parser.add_argument(f"--{f.name}", type=kind, default=f.default, help=help_text(f))
+    preset = parser.parse_known_args(argv)[0].preset
+    if preset:
+        parser.set_defaults(**PRESETS[preset])
+    args = vars(parser.parse_args(argv))
+    args.pop("preset")
+    return Hyperparameters(**args)
+
+
+def hyperparameters_from(saved: dict) -> Hyperparameters:
+    """The Hyperparameters of a config saved as JSON (a checkpoint's, a log's config line): lists back to
+    tuples, keys this version does not know left out."""
+    known = {f.name for f in dataclasses.fields(Hyperparameters)}
+    return Hyperparameters(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in known})
+
+
+def check_config(cfg: Hyperparameters):
+    """Refuse settings that cannot train, before anything is built."""
+    for name in ["num_steps", "seq_len", "val_seq_len", "val_tokens", "momentum_warmup_steps", "max_doc_len",
+                 "num_layers", "model_dim", "num_heads", "head_dim", "final_window", "val_window"]:
+        if getattr(cfg, name) <= 0:
+            raise UserError(f"--{name} must be positive (it is {getattr(cfg, name)})")
+    for name in ["val_every", "save_every", "keep_last", "warmup_steps", "extension_steps", "bigram_vocab",
+                 "momentum_cooldown_steps"]:
+        if getattr(cfg, name) < 0:
+            raise UserError(f"--{name} must be 0 or more (it is {getattr(cfg, name)})")
+    if cfg.extension_steps >= cfg.num_steps:
+        raise UserError(f"--extension_steps {cfg.extension_steps} leaves no scheduled steps of --num_steps "
+                        f"{cfg.num_steps}")
+    for name in ["seq_len", "val_seq_len"]:
+        if getattr(cfg, name) % MASK_BLOCK:
+            raise UserError(f"--{name} {getattr(cfg, name)} must be a multiple of {MASK_BLOCK}")
+    if cfg.val_tokens % cfg.val_seq_len:
+        raise UserError(f"--val_tokens {cfg.val_tokens} is not a whole number of --val_seq_len {cfg.val_seq_len} "
+                        f"sequences: make it {max(1, cfg.val_tokens // cfg.val_seq_len) * cfg.val_seq_len}")
+    for name in ["batch_seqs", "lr_stage_scales", "windows"]:
+        values = getattr(cfg, name)
+        if not values or not all(0 < v < math.inf for v in values):
+            raise UserError(f"--{name} takes positive numbers, one per part of the schedule (it is {values})")
+    if cfg.num_heads * cfg.head_dim != cfg.model_dim:
+        raise UserError(f"--num_heads {cfg.num_heads} x --head_dim {cfg.head_dim} = {cfg.num_heads * cfg.head_dim}, "
+                        f"but --model_dim is {cfg.model_dim}: they must be equal")
+    if cfg.head_dim % 4 or cfg.model_dim < GATE_DIMS:
+        raise UserError(f"--head_dim must be a multiple of 4 and --model_dim at least {GATE_DIMS}")
+    if cfg.vocab_size < GPT2_VOCAB:
+        raise UserError(f"--vocab_size {cfg.vocab_size} is smaller than GPT-2's {GPT2_VOCAB} tokens")
+    check_layout(cfg)
+    if cfg.profile_steps and not (len(cfg.profile_steps) == 2 and 0 <= cfg.profile_steps[0] <= cfg.profile_steps[1]):
+        raise UserError(f"--profile_steps takes two steps A,B with A <= B (it is {cfg.profile_steps})")
+    for name in ["muon_lr", "adam_lr", "muon_wd", "adam_wd"]:
+        if not 0 <= getattr(cfg, name) < math.inf:
+            raise UserError(f"--{name} must be a finite number, 0 or more (it is {getattr(cfg, name)})")
+    if not 0 <= cfg.muon_beta2 < 1:
+        raise UserError(f"--muon_beta2 must be at least 0 and below 1 (it is {cfg.muon_beta2})")
+    if not 0 < cfg.adam_eps < math.inf:
+        raise UserError(f"--adam_eps must be a finite number above 0 (it is {cfg.adam_eps})")
+    if cfg.device not in ("cuda", "cpu"):
+        raise UserError(f"--device must be cuda or cpu (it is {cfg.device!r})")
+    if cfg.run_id and not RUN_ID_CHARS.fullmatch(cfg.run_id):
+        raise UserError(f"--run_id {cfg.run_id[:60]!r}{'...' if len(cfg.run_id) > 60 else ''} is not a plain file "
+                        f"name: use letters, digits, '.', '_' and '-', at most 200 (it names the log and checkpoints)")
+    if cfg.compile_scope not in ("auto", "model", "blocks"):
+        raise UserError(f"--compile_scope must be auto, model or blocks (it is {cfg.compile_scope!r})")
+    if cfg.flex_tiles not in ("auto", "default", "small"):
+        raise UserError(f"--flex_tiles must be auto, default or small (it is {cfg.flex_tiles!r})")
+    for name in ["cooldown_frac", "split_embed_frac"]:
+        if not 0 <= getattr(cfg, name) <= 1:
+            raise UserError(f"--{name} must be within 0..1 (it is {getattr(cfg, name)})")
+
+
+def check_layout(cfg: Hyperparameters):
+    """The layer flags must name layers that exist and fit together."""
+    L = cfg.num_layers
+    named = {"--long_window_layers": cfg.long_window_layers, "--no_attn_layers": cfg.no_attn_layers,
+             "--paired_head_layers": cfg.paired_head_layers, "--skip": cfg.skip}
+    for flag, layers in named.items():
+        bad = [i for i in layers if not 0 <= i < L]
+        if bad:
+            raise UserError(f"{flag} names layers {bad}, which do not exist (0..{L - 1})")
+    if not 0 <= cfg.backout_layer < L:
+        raise UserError(f"--backout_layer {cfg.backout_layer} does not exist (0..{L - 1})")
+    if len(cfg.skip) != 2 or cfg.skip[0] >= cfg.skip[1]:
+        raise UserError(f"--skip takes two layers FROM,TO with FROM before TO (it is {cfg.skip})")
+    if len(cfg.value_embeds) != L or not all(v >= -1 for v in cfg.value_embeds):
+        raise UserError(f"--value_embeds takes one table number (or -1) per layer, {L} in all (it is "
+                        f"{cfg.value_embeds})")
+    with_ve_no_attn = [i for i in cfg.no_attn_layers if cfg.value_embeds[i] >= 0]
+    paired_no_attn = sorted(set(cfg.paired_head_layers) & set(cfg.no_attn_layers))
+    if with_ve_no_attn or paired_no_attn:
+        raise UserError(f"layers {with_ve_no_attn or paired_no_attn} have no attention (--no_attn_layers) but "
+                        f"{'value embeddings' if with_ve_no_attn else 'paired heads'}")
+    if cfg.paired_head_layers and cfg.num_heads % 2:
+        raise UserError(f"--paired_head_layers needs an even --num_heads (it is {cfg.num_heads})")
+
+
+# ---- schedules: each a function of the step alone, so a resumed run continues them exactly
+
+def scheduled_steps(cfg: Hyperparameters) -> int:
+    """Steps over which lr, windows, batch size and multi-token weights follow their schedules; the
+    extension steps after them keep the final values."""
+    return cfg.num_steps - cfg.extension_steps
+
+
+def part(step: int, parts: int, cfg: Hyperparameters) -> int:
+    """Which of `parts` equal parts of the scheduled steps `step` lies in; the last one from then on."""
+    return min(parts - 1, int(parts * step / scheduled_steps(cfg)))
+
+
+def batch_seqs_at(step: int, cfg: Hyperparameters) -> int:
+    """Micro-batches in this step (record: 8, 16, 24 GPU-sequences by thirds)."""
+    return cfg.batch_seqs[part(step, len(cfg.batch_seqs), cfg)]
+
+
+def lr_factor(step: int, cfg: Hyperparameters) -> float:
+    """The record's lr schedule: the stage's multiplier (it grows with the batch), falling linearly over the
+    last cooldown_frac of the scheduled steps to 0.1, which the extension steps keep."""
+    S = scheduled_steps(cfg)
+    if step > S:
+        return 0.1
+    x, n = step / S, len(cfg.lr_stage_scales)
+    scale = [s for i, s in enumerate(cfg.lr_stage_scales) if i == 0 or x > i / n][-1]
+    if x >= 1 - cfg.cooldown_frac:
+        w = (1 - x) / cfg.cooldown_frac
+        return scale * w + (1 - w) * 0.1
+    return scale
+
+
+def muon_momentum(step: int, cfg: Hyperparameters) -> float:
+    """0.85 rising linearly to 0.95 over the first momentum_warmup_steps, falling back to 0.85 over the last
+    momentum_cooldown_steps."""
+    cooldown_from = cfg.num_steps - cfg.momentum_cooldown_steps
+    if step < cfg.momentum_warmup_steps:
+        return 0.85 + 0.10 * step / cfg.momentum_warmup_steps
+    if step > cooldown_from:
+        return 0.95 - 0.10 * (step - cooldown_from) / cfg.momentum_cooldown_steps
+    return 0.95
+
+
+def windows_at(step: int, cfg: Hyperparameters, final_val: bool = False) -> tuple[int, int]:
+    """(short, long) sliding windows in 128-token blocks: long from --windows by part of the schedule, then
+    --final_window; short is half the long one. The last validation widens the long one to --val_window."""
+    long = cfg.final_window if step >= scheduled_steps(cfg) else cfg.windows[part(step, len(cfg.windows), cfg)]
+    return long // 2, cfg.val_window if final_val else long
+
+
+def long_window_stages(step: int, cfg: Hyperparameters) -> list:
+    """The distinct long windows the run has moved through by `step`, in order: what YaRN has adapted to."""
+    seen = []
+    for s in [0] + [math.ceil(i * scheduled_steps(cfg) / len(cfg.windows)) for i in range(1, len(cfg.windows))] + \
+             [scheduled_steps(cfg)]:
+        if s <= step:
+            w = windows_at(s, cfg)[1]
+            if not seen or seen[-1] != w:
+                seen.append(w)
+    return seen
+
+
+def mtp_weights_at(step: int, cfg: Hyperparameters) -> list:
+    """Loss weights of the next 3 tokens (record): [1, 0.5, 0.25 -> 0] in the first third, [1, 0.5 -> 0] in
+    the second, [1] after."""
+    x = step / scheduled_steps(cfg)
+    if not cfg.mtp or x >= 2 / 3:
+        return [1.0, 0.0, 0.0]
+    if x < 1 / 3:
+        return [1.0, 0.5, 0.25 * (1 - 3 * x)]
+    return [1.0, 0.5 * (1 - (3 * x - 1)), 0.0]
+
+
+def is_adam_step(step: int) -> bool:
+    """Adam updates on odd steps only, from the sum of two steps' grads (record 2025-09-30)."""
+    return step % 2 == 1
+
+
+def split_step(cfg: Hyperparameters) -> int:
+    """The step after whose update the token embedding is untied from lm_head: an Adam (odd) step."""
+    return math.ceil(cfg.split_embed_frac * scheduled_steps(cfg)) | 1
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Model: each op beside the plain-torch rule it computes. Where a GPU kernel computes the same function faster,
+# the op dispatches with on_gpu() and the kernel lives in the last section, "GPU fast paths".
+
+GATE_DIMS = 12       # the attention, value-embedding, smear and skip gates read the first 12 dims of their input
+ATTN_SCALE = 0.1     # softmax scale after QK-norm before any YaRN stage (record 2025-09-10_Yarn)
+YARN_ALPHA, YARN_BETA = 1, 32  # YaRN slows frequencies turning < 1 time per window, keeps those > 32
+BIGRAM_MULS = (36313, 27191)   # the record's bigram hash: (36313 * token) xor (27191 * previous token)
 E4M3_MAX = 448.0     # largest finite float8_e4m3fn
 E5M2_MAX = 57344.0   # largest finite float8_e5m2
-# lm_head FP8 scales of the Aug 2025 record: inputs are rms-normed (entries ~1, at most sqrt(dim)), so x/scale
-# fits e4m3 with scale sqrt(dim)/448; weights (Adam lr 0.008 from zero) stay within 448 * 2^-9 = 0.875;
-# logit grads of the summed, soft-capped loss are within +-1, i.e. +-448 in e5m2 units of 1/448.
-HEAD_W_SCALE = 2**-9
-HEAD_GRAD_SCALE = 1 / 448
-SOFTCAP = 30.0       # logits are soft-capped to (0, 30) as 30 * sigmoid(z / 7.5) (Aug 2025 record)
-SOFTCAP_DIV = 7.5
+# lm_head FP8 scales (record 2025-12-19_RetieLMHead): the head's rms-normed inputs, its weights and its logit
+# grads (within +-1.75 of the multi-token loss) divided by these fit e4m3, e4m3 and e5m2
+HEAD_X_SCALE = 100 / 448
+HEAD_W_SCALE = 1.6 / 448
+HEAD_GRAD_SCALE = 0.75 / 448
+SOFTCAP, SOFTCAP_SHIFT, SOFTCAP_DIV = 23.0, 5.0, 7.5  # capped logit 23 sigmoid((z + 5) / 7.5) (2025-12-26)
+MTP_TOKENS = 3       # multi-token prediction looks at the next 3 tokens
+EVAL_CHUNK = 16384   # tokens per head call in eval: a 262K-token val sequence's logits would take 52 GB
 
 
-def softcap(z: Tensor) -> Tensor:
-    """The head's logit cap, in fp32 (the Triton kernel below computes the same in its registers)."""
-    return SOFTCAP * torch.sigmoid(z.float() / SOFTCAP_DIV)
-
-
-_scale_tensors = {}
-
-
-def scale_tensor(value: float, device) -> Tensor:
-    """A python float as a cached fp32 device scalar: _scaled_mm takes its scales as tensors, and building one
-    per call is a blocking host-to-device copy (6 per micro-step)."""
-    key = (value, str(device))
-    if key not in _scale_tensors:
-        _scale_tensors[key] = torch.tensor(value, dtype=torch.float32, device=device)
-    return _scale_tensors[key]
-
-
-def has_fp8_tensor_cores(capability: tuple) -> bool:
-    return tuple(capability) >= (8, 9)  # Ada and Hopper; A100s (8.0) and older have none
-
-
-def scaled_mm(a: Tensor, b: Tensor, scale_a: float, scale_b: float, out_dtype, fast_accum: bool) -> Tensor:
-    """(a*scale_a) @ (b*scale_b) for fp8 a (row-major) and b (column-major). Uses the FP8 tensor cores of
-    sm_89+ GPUs; elsewhere computes the same product of the same fp8 values in fp32."""
-    if a.is_cuda and has_fp8_tensor_cores(torch.cuda.get_device_capability(a.device)):
-        return torch._scaled_mm(a, b, scale_a=scale_tensor(scale_a, a.device), scale_b=scale_tensor(scale_b, a.device),
-                                out_dtype=out_dtype, use_fast_accum=fast_accum)
-    return ((a.float() * scale_a) @ (b.float() * scale_b)).to(out_dtype)
-
-
-def to_fp8(t: Tensor, scale: float, dtype) -> Tensor:
-    """t / scale in fp8, saturating: torch's cast turns out-of-range values into NaN, not the largest value."""
-    top = E4M3_MAX if dtype == torch.float8_e4m3fn else E5M2_MAX
-    return t.div(scale).clamp(-top, top).to(dtype)
-
-
-try:  # Triton comes with CUDA builds of torch; elsewhere softcap_ce_grad uses its torch fallback
+try:  # Triton comes with CUDA builds of torch; elsewhere every op runs its torch rule
     import triton
     import triton.language as tl
 except ImportError:
     triton = None
 
-if triton is not None:
-    @triton.jit
-    def _tanh(x, APPROX: tl.constexpr):
-        """tanh in one special-function-unit op (tanh.approx, max relative error 2^-10.99) or, exactly, in two."""
-        if APPROX:
-            return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
-                                             is_pure=True, pack=1)
-        return 2.0 / (1.0 + tl.exp2(x * -2.8853900817779268)) - 1.0  # 2 sigmoid(2x) - 1
 
-    @triton.jit
-    def _softcap_ce_kernel(z_ptr, targets_ptr, loss_ptr, g_ptr, T, inv_grad_s, V: tl.constexpr, CAP: tl.constexpr,
-                           DIV: tl.constexpr, TOP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr,
-                           APPROX: tl.constexpr):
-        """Rows [pid*BLOCK_T, +BLOCK_T) of softcap_ce_grad: a pass over the vocab for the log-sum-exp, a second
-        that writes each (BLOCK_T x BLOCK_V) tile of the e5m2 grad. The cap is written with tanh,
-        sigmoid(u) = (1 + tanh(u/2)) / 2, so c - CAP = CAP/2 (t - 1) and dc/dz = CAP/(4 DIV) (1 - t^2).
-        Exponentials are base 2 with log2(e) folded into the constants, and no running max is kept: the capped
-        logits lie in (0, CAP), so exp(c - CAP) lies in (e^-CAP, 1] and a sum of them cannot overflow fp32."""
-        LOG2E: tl.constexpr = 1.4426950408889634
-        HALF_CAP2: tl.constexpr = 0.5 * CAP * LOG2E  # c - CAP in base-2 units, per unit of (t - 1)
-        rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)  # offsets pass 2^31
-        live = rows < T
-        s = tl.zeros((BLOCK_T,), tl.float32)
-        for v0 in range(0, V, BLOCK_V):
-            cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
-            inside = live[:, None] & (cols < V)[None, :]  # the last tile may pass the vocab's end
-            z = tl.load(z_ptr + rows[:, None] * V + cols[None, :], mask=inside, other=0.0).to(tl.float32)
-            th = _tanh(z * (0.5 / DIV), APPROX)
-            s += tl.sum(tl.where(inside, tl.exp2(th * HALF_CAP2 - HALF_CAP2), 0.0), axis=1)  # exp(c - CAP)
-        lse2 = CAP * LOG2E + tl.log2(s)  # log2 of sum(exp(c))
-        t = tl.load(targets_ptr + rows, mask=live, other=0).to(tl.int64)
-        z_t = tl.load(z_ptr + rows * V + t, mask=live, other=0.0).to(tl.float32)
-        th_t = _tanh(z_t * (0.5 / DIV), APPROX)
-        tl.store(loss_ptr + rows, (lse2 - (th_t + 1.0) * HALF_CAP2) / LOG2E, mask=live)
-        for v0 in range(0, V, BLOCK_V):
-            cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
-            inside = live[:, None] & (cols < V)[None, :]
-            z = tl.load(z_ptr + rows[:, None] * V + cols[None, :], mask=inside, other=0.0).to(tl.float32)
-            th = _tanh(z * (0.5 / DIV), APPROX)
-            p = tl.exp2(th * HALF_CAP2 + (HALF_CAP2 - lse2[:, None]))
-            dc = tl.where(cols[None, :] == t[:, None], p - 1.0, p)
-            g = dc * (1.0 - th * th) * (inv_grad_s * CAP / (4.0 * DIV))
-            g = tl.minimum(tl.maximum(g, -TOP), TOP).to(tl.float8e5)
-            tl.store(g_ptr + rows[:, None] * V + cols[None, :], g, mask=inside)
-
-    @triton.jit
-    def _transpose_bytes_kernel(src_ptr, dst_ptr, R, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-        """dst (C x R) = src (R x C) transposed, for 1-byte elements: a tile is read in rows and written in
-        columns (torch's elementwise copy of a transposed 1-byte tensor is uncoalesced: 314 GB/s on an H200)."""
-        r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-        c = (tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
-        inside = (r[:, None] < R) & (c[None, :] < C)
-        tile = tl.load(src_ptr + r[:, None] * C + c[None, :], mask=inside)
-        tl.store(dst_ptr + c[:, None] * R + r[None, :], tl.trans(tile), mask=tl.trans(inside))
-
-    @triton.jit
-    def _add_into_fp32_kernel(acc_ptr, g_ptr, n, BLOCK: tl.constexpr):
-        """acc[i] += g[i] for fp32 acc and a narrower g, in one pass over both."""
-        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        live = i < n
-        acc = tl.load(acc_ptr + i, mask=live)
-        tl.store(acc_ptr + i, acc + tl.load(g_ptr + i, mask=live).to(tl.float32), mask=live)
-
-    @triton.jit
-    def _qk_rows(x_ptr, cos_ptr, sin_ptr, R, T, sx_b, sx_t, sx_h, eps, HEADS: tl.constexpr, D: tl.constexpr,
-                 BLOCK_R: tl.constexpr):
-        """What both QK-norm + rotary kernels start with, for this program's rows r = (b, t, head) of x
-        (B, T, HEADS, D): each row's two halves in fp32 and its rms_norm factor, its position's cos and sin,
-        and where the rows are (index, b, t, head, which are live, the half's column)."""
-        HALF: tl.constexpr = D // 2
-        r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-        live = (r < R)[:, None]
-        tok, head = r // HEADS, r % HEADS
-        b, t = tok // T, tok % T
-        j = tl.arange(0, HALF)[None, :]
-        at_x = x_ptr + (b * sx_b + t * sx_t + head * sx_h)[:, None] + j
-        x1 = tl.load(at_x, mask=live, other=0.0).to(tl.float32)
-        x2 = tl.load(at_x + HALF, mask=live, other=0.0).to(tl.float32)
-        rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
-        c = tl.load(cos_ptr + t[:, None] * HALF + j, mask=live, other=0.0)
-        s = tl.load(sin_ptr + t[:, None] * HALF + j, mask=live, other=0.0)
-        return x1, x2, rstd, c, s, r, b, t, head, live, j
-
-    @triton.jit
-    def _qk_norm_rotary_fwd(x_ptr, cos_ptr, sin_ptr, y_ptr, R, T, sx_b, sx_t, sx_h, eps, HEADS: tl.constexpr,
-                            D: tl.constexpr, BLOCK_R: tl.constexpr):
-        """Rows r = (b, t, head) of x (B, T, HEADS, D), strides (sx_b, sx_t, sx_h, 1), into y (B, T, HEADS, D)
-        contiguous: y = rotary(rms_norm(x)), the normed row rounded to bf16 before it is turned, as norm()
-        hands it to rotary(). Each row is read once, as its two halves, and reduced in registers."""
-        x1, x2, rstd, c, s, r, _, _, _, live, j = _qk_rows(x_ptr, cos_ptr, sin_ptr, R, T, sx_b, sx_t, sx_h, eps,
-                                                           HEADS, D, BLOCK_R)
-        n1 = (x1 * rstd).to(tl.bfloat16).to(tl.float32)
-        n2 = (x2 * rstd).to(tl.bfloat16).to(tl.float32)
-        dst = y_ptr + r[:, None] * D + j
-        tl.store(dst, (n1 * c + n2 * s).to(tl.bfloat16), mask=live)
-        tl.store(dst + D // 2, (n2 * c - n1 * s).to(tl.bfloat16), mask=live)
-
-    @triton.jit
-    def _qk_norm_rotary_bwd(x_ptr, g_ptr, cos_ptr, sin_ptr, dx_ptr, R, T, sx_b, sx_t, sx_h, sg_b, sg_t, sg_h,
-                            sd_b, sd_t, sd_h, eps, HEADS: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr):
-        """dx (strides sd_*) for the rows of _qk_norm_rotary_fwd, given g = dL/dy (strides sg_*). As
-        autograd computes it: the rotary's transpose in fp32, rounded to bf16 (the grad of norm()'s bf16
-        output), then rms_norm's backward dx = rstd (gn - n mean(gn n)), n = x rstd unrounded."""
-        HALF: tl.constexpr = D // 2
-        x1, x2, rstd, c, s, _, b, t, head, live, j = _qk_rows(x_ptr, cos_ptr, sin_ptr, R, T, sx_b, sx_t, sx_h, eps,
-                                                              HEADS, D, BLOCK_R)
-        at_g = g_ptr + (b * sg_b + t * sg_t + head * sg_h)[:, None] + j
-        at_d = dx_ptr + (b * sd_b + t * sd_t + head * sd_h)[:, None] + j
-        g1 = tl.load(at_g, mask=live, other=0.0).to(tl.float32)
-        g2 = tl.load(at_g + HALF, mask=live, other=0.0).to(tl.float32)
-        gn1 = (g1 * c - g2 * s).to(tl.bfloat16).to(tl.float32)
-        gn2 = (g1 * s + g2 * c).to(tl.bfloat16).to(tl.float32)
-        n1, n2 = x1 * rstd, x2 * rstd
-        dot = ((tl.sum(gn1 * n1, 1) + tl.sum(gn2 * n2, 1)) / D)[:, None]
-        tl.store(at_d, (rstd * (gn1 - n1 * dot)).to(tl.bfloat16), mask=live)
-        tl.store(at_d + HALF, (rstd * (gn2 - n2 * dot)).to(tl.bfloat16), mask=live)
+def on_gpu(t: Tensor) -> bool:
+    """Whether an op runs its hand-written kernel (CUDA tensor, Triton present) or its torch rule."""
+    return t.is_cuda and triton is not None
 
 
-# Launch settings measured on an H200 at 49,152 x 50,304. The CE kernel (BLOCK_T, BLOCK_V, num_warps): 8 rows
-# of 512 in 8 warps took 4.34 ms per micro-step with the transpose, against 4.67 for round one's 32 x 128 in 4,
-# the best of 13 tiles; a few programs per SM looping over rows of 1-2 (so that the second pass might read L2)
-# took 7.6-15 ms (records/2026-12-04_speed5-h200/profiles/bench_ce_*.txt). The transpose's tile: 1.28 ms
-# (3.9 TB/s; a device copy reaches 4.3; records/2026-12-03_speed-h200/pieces.txt)
-CE_TILES = (8, 512, 8)
-# The cap's tanh as tanh.approx: one special-function op per element, not two, in each of the CE kernel's two
-# passes. That op bounds the kernel: 5.78 -> 4.67 ms per micro-step on an H200, for a loss error of at most
-# 1.2e-4 per token (mean 7e-6) and 4e-5 of the e5m2 grads rounded one step differently
-# (records/2026-12-03_speed2-h200/pieces.txt). False: the exact tanh, e.g. to compare rounding.
-CE_TANH_APPROX = True
-TRANSPOSE_TILE = (64, 128)
+def norm(x: Tensor) -> Tensor:
+    return F.rms_norm(x, (x.size(-1),))
 
 
-ACC_BLOCK = 4096  # elements per program of the fp32 accumulate
+def mm(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b for bf16 a and b: what a GPU's bf16 GEMM computes (bf16 inputs, fp32 sums, one rounding to bf16).
+    CPUs without bf16 matrix units run bf16 GEMMs 7-35x slower than fp32; there the same function runs as an
+    fp32 matmul of the bf16 values."""
+    if a.device.type == "cpu" and a.dtype == torch.bfloat16:
+        return (a.float() @ b.float()).bfloat16()
+    return a @ b
 
 
-def add_into_fp32(acc: Tensor, g: Tensor):
-    """acc += g, for a contiguous fp32 acc and a bf16 g of as many elements (a micro-step's grad of a bf16
-    parameter into its fp32 sum). Torch's add of a bf16 tensor into an fp32 one runs its unvectorized
-    mixed-dtype kernel: 0.17 ms per embedding grad (50,304 x 768) on an H200, about 2.3 TB/s, 5.6 ms per step
-    for the four embeddings (records/2026-12-04_speed5-h200/profiles/new_s0_profile.txt)."""
-    if acc.is_cuda and triton is not None:
-        n = acc.numel()
-        _add_into_fp32_kernel[(triton.cdiv(n, ACC_BLOCK),)](acc, g.contiguous(), n, BLOCK=ACC_BLOCK, num_warps=8)
+def init_uniform(shape: tuple, std: float) -> Tensor:
+    return torch.empty(shape).uniform_(-(3**0.5) * std, 3**0.5 * std)
+
+
+# ---- embeddings
+
+def bigram_hash(idx: Tensor, rows: int) -> Tensor:
+    """The bigram embedding's row for each position: (previous token, token) hashed into rows - 1 rows; the
+    last row is position 0's, which has no previous token (record 2026-01-19). In int32, without overflow:
+    36313 * 50303 < 2^31."""
+    x = idx.to(torch.int32)
+    hashed = torch.bitwise_xor(BIGRAM_MULS[0] * x[1:], BIGRAM_MULS[1] * x[:-1]) % (rows - 1)
+    return torch.cat([x.new_full((1,), rows - 1), hashed])
+
+
+# ---- RoPE with YaRN
+
+def rope_freqs(head_dim: int) -> Tensor:
+    """Angular frequency of each of the head_dim/2 rotating pairs: head_dim/4 from 1 down to 1/1024 radians per
+    position, and head_dim/4 zeros, so half the dims carry position and half do not."""
+    freqs = (1 / 1024) ** torch.linspace(0, 1, head_dim // 4)
+    return torch.cat([freqs, freqs.new_zeros(head_dim // 4)])
+
+
+def yarn(head_dim: int, stages: list) -> tuple[Tensor, float]:
+    """RoPE frequencies and attention scale after the long window grew through `stages` (tokens / 128): at
+    each growth old -> new, frequencies that turn fewer than YARN_ALPHA times over the old window slow by
+    old/new (the new window then spans the angles the old one did), those turning more than YARN_BETA times
+    keep their speed, those between blend; the scale grows by 1 + 0.2 ln(new/old) (record 2025-09-10)."""
+    freqs, scale = rope_freqs(head_dim), ATTN_SCALE
+    for old, new in zip(stages, stages[1:]):
+        turns = MASK_BLOCK * old * freqs / (2 * math.pi)
+        keep = ((turns - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA)).clamp(0, 1)
+        freqs = freqs * (old / new + keep * (1 - old / new))
+        scale *= 0.2 * math.log(new / old) + 1
+    return freqs, scale
+
+
+def paired_positions(T: int, heads: int, device=None) -> Tensor:
+    """(T, heads) RoPE positions of paired heads: head h of token t sits at 2t + (h mod 2) (record 2026-01-07)."""
+    return 2 * torch.arange(T, device=device)[:, None] + (torch.arange(heads, device=device) % 2)[None, :]
+
+
+def rotary(x: Tensor, cos: Tensor, sin: Tensor, paired: bool = False, scale=None) -> Tensor:
+    """RoPE on x (B, T, heads, head_dim): dims j and j + head_dim/2 turned together by angle theta[pos, j],
+    in fp32, then times scale if given; pos is the token's index (paired heads: paired_positions)."""
+    if paired:
+        pos = paired_positions(x.size(1), x.size(2), x.device)
+        cos, sin = cos[pos][None], sin[pos][None]
     else:
-        acc += g
+        cos, sin = cos[None, :x.size(1), None, :], sin[None, :x.size(1), None, :]
+    x1, x2 = x.float().chunk(2, dim=-1)
+    y = torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
+    return (y if scale is None else y * scale).type_as(x)
 
 
-def transposed(t: Tensor) -> Tensor:
-    """t.T.contiguous() for a 2-D 1-byte (fp8) tensor; on GPU by the tiled Triton kernel (torch's copy of a
-    transposed 1-byte tensor is an uncoalesced elementwise kernel: 16 ms for the 49,152 x 50,304 logit grad)."""
-    if not (t.is_cuda and triton is not None):
-        return t.T.contiguous()
-    R, C = t.shape
-    out = torch.empty(C, R, device=t.device, dtype=t.dtype)
-    br, bc = TRANSPOSE_TILE
-    _transpose_bytes_kernel[(triton.cdiv(R, br), triton.cdiv(C, bc))](t.view(torch.uint8), out.view(torch.uint8), R, C,
-                                                                      BLOCK_R=br, BLOCK_C=bc, num_warps=8)
-    return out
+class Rotary(nn.Module):
+    """RoPE's tables for positions up to max_len at the run's current YaRN stage, and the attention scale as a
+    device scalar: a new stage rewrites them in place (new data, not a new compiled graph). One instance serves
+    every layer (the tables for a 262K-token val sequence's paired positions are 268 MB)."""
+
+    def __init__(self, head_dim: int, max_len: int):
+        super().__init__()
+        self.head_dim, self.stages = head_dim, None
+        self.register_buffer("cos", torch.empty(max_len, head_dim // 2), persistent=False)
+        self.register_buffer("sin", torch.empty(max_len, head_dim // 2), persistent=False)
+        self.register_buffer("scale", torch.empty(()), persistent=False)
+        self.set_stages([1])
+
+    @torch.no_grad()
+    def set_stages(self, stages: list):
+        if stages == self.stages:
+            return
+        freqs, scale = yarn(self.head_dim, stages)
+        theta = torch.outer(torch.arange(self.cos.size(0), dtype=torch.float32, device=self.cos.device),
+                            freqs.to(self.cos.device))
+        self.cos.copy_(theta.cos())
+        self.sin.copy_(theta.sin())
+        self.scale.fill_(scale)
+        self.stages = list(stages)
 
 
-def softcap_ce_grad(z: Tensor, targets: Tensor, grad_s: float) -> tuple[Tensor, Tensor, Tensor]:
-    """For logits z (tokens x vocab): per-token cross-entropy of the soft-capped logits c = 30 sigmoid(z / 7.5),
-    and its grad dloss/dz in e5m2 units of grad_s, row-major and transposed (the two operands of the head's
-    backward matmuls: FP8 matmuls take only K-contiguous operands, and K is the token dim for grad_w). On GPU
-    a Triton kernel reads z twice and writes the fp8 grad, and a second one transposes it. (Stores of the
-    transposed tile from the CE kernel itself went to wrong places on an H200 with triton 3.6, as fp8 or as
-    bytes, through tl.trans (0.2 ms faster than the separate transpose, records/2026-12-03_speed-h200) or
-    through transposed addresses (0.4 ms slower, records/2026-12-04_speed5-h200).)"""
-    T, V = z.shape
-    if z.is_cuda and triton is not None:
-        loss = torch.empty(T, device=z.device, dtype=torch.float32)
-        g = torch.empty(T, V, device=z.device, dtype=torch.float8_e5m2)
-        block_t, block_v, warps = CE_TILES
-        _softcap_ce_kernel[(triton.cdiv(T, block_t),)](z, targets, loss, g, T, 1 / grad_s, V=V, CAP=SOFTCAP,
-                                                       DIV=SOFTCAP_DIV, TOP=E5M2_MAX, BLOCK_T=block_t,
-                                                       BLOCK_V=block_v, APPROX=CE_TANH_APPROX, num_warps=warps)
-        return loss, g, transposed(g)
-    c = softcap(z)
-    lse = torch.logsumexp(c, dim=-1)
-    loss = lse - c.gather(1, targets[:, None].long())[:, 0]
-    dc = torch.exp(c - lse[:, None])
-    dc[torch.arange(T, device=z.device), targets.long()] -= 1
-    sig = torch.sigmoid(z.float() / SOFTCAP_DIV)  # dc/dz = 30/7.5 * sigmoid'
-    g = to_fp8(dc * (SOFTCAP / SOFTCAP_DIV) * sig * (1 - sig), grad_s, torch.float8_e5m2)
-    return loss, g, g.T.contiguous()
+def norm_rotary_qk(qk: Tensor, rot: Rotary, paired: bool) -> tuple[Tensor, Tensor]:
+    """QK-norm, then RoPE; q also times the attention scale. qk (B, T, 2 heads, head_dim) holds q's heads, then
+    k's. On GPU the qk_norm_rotary op computes the same with its own kernels."""
+    if on_gpu(qk) and qk.dtype == torch.bfloat16:
+        return qk_norm_rotary(qk, rot.cos, rot.sin, rot.scale, paired)
+    q, k = qk.chunk(2, dim=2)
+    return rotary(norm(q), rot.cos, rot.sin, paired, rot.scale), rotary(norm(k), rot.cos, rot.sin, paired)
 
 
-@torch.library.custom_op("train_gpt::fp8_head_loss", mutates_args=())
-def fp8_head_loss(x: Tensor, w: Tensor, x_f8: Tensor, w_f8: Tensor, targets: Tensor, x_s: float, w_s: float,
-                  grad_s: float) -> tuple[Tensor, Tensor, Tensor]:
-    """The lm_head's summed soft-capped cross-entropy with x @ w.T in FP8: x_f8 and w_f8 are x and w divided by
-    their scales and rounded to e4m3 (by the caller, where torch.compile fuses the casts with what makes x; in
-    here they were 6 eager passes per micro-step). x and w are inputs only for autograd, which sends their grads
-    straight through the casts. The logit grad is computed here, with the loss, so backward is two FP8
-    matmuls. Returns (loss, and the e5m2 grad row-major and transposed, for backward)."""
-    z = scaled_mm(x_f8, w_f8.T, x_s, w_s, torch.bfloat16, fast_accum=True)
-    loss, g_f8, g_f8_t = softcap_ce_grad(z, targets, grad_s)
-    return loss.sum(), g_f8, g_f8_t
+def shift_stationary_keys(k: Tensor) -> Tensor:
+    """Partial key offset (record 2025-12-14): in the dims RoPE leaves still (the second quarter of each half)
+    each key takes its predecessor's values, so one layer can attend to 'the token after the one like mine'.
+    Position 0 keeps its own."""
+    j = torch.arange(k.size(-1), device=k.device)
+    still = j % (k.size(-1) // 2) >= k.size(-1) // 4
+    return torch.where(still, torch.cat([k[:, :1], k[:, :-1]], dim=1), k)
 
 
-@fp8_head_loss.register_fake
-def _(x, w, x_f8, w_f8, targets, x_s, w_s, grad_s):
-    T, V = x.size(0), w.size(0)
-    return (x.new_empty((), dtype=torch.float32), x.new_empty(T, V, dtype=torch.float8_e5m2),
-            x.new_empty(V, T, dtype=torch.float8_e5m2))
-
-
-@torch.library.custom_op("train_gpt::fp8_mm_backward", mutates_args=())
-def fp8_mm_backward(g_f8: Tensor, g_f8_t: Tensor, x_f8: Tensor, w_f8: Tensor, x_s: float, w_s: float,
-                    grad_s: float) -> tuple[Tensor, Tensor]:
-    """Grads of x @ w.T from the e5m2 output grad, given twice: row-major for grad_x and transposed for grad_w
-    (FP8 matmuls take only K-contiguous operands, and K is the token dim for grad_w)."""
-    grad_x = scaled_mm(g_f8, transposed(w_f8).T, grad_s, w_s, torch.bfloat16, fast_accum=False)
-    grad_w = scaled_mm(g_f8_t, transposed(x_f8).T, grad_s, x_s, torch.float32, fast_accum=False)
-    return grad_x, grad_w
-
-
-@fp8_mm_backward.register_fake
-def _(g_f8, g_f8_t, x_f8, w_f8, x_s, w_s, grad_s):
-    return x_f8.new_empty(x_f8.shape, dtype=torch.bfloat16), w_f8.new_empty(w_f8.shape, dtype=torch.float32)
-
-
-def _fp8_head_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[2], inputs[3], *output[1:])
-    ctx.scales = inputs[5:]
-
-
-def _fp8_head_grad(ctx, grad_loss, *_):
-    x_f8, w_f8, g_f8, g_f8_t = ctx.saved_tensors
-    grad_x, grad_w = fp8_mm_backward(g_f8, g_f8_t, x_f8, w_f8, *ctx.scales)
-    return grad_x * grad_loss, grad_w * grad_loss, None, None, None, None, None, None
-
-
-fp8_head_loss.register_autograd(_fp8_head_grad, setup_context=_fp8_head_setup)
-
-
-# QK-norm and RoPE of q and k (norm, then rotary) as one op on GPU, with a hand-written kernel each way.
-# Compiled from torch code, inductor's kernels took 0.18 ms forward and 0.21 ms backward per layer and
-# micro-step on an H200 (a looped reduction that re-read its rows, and the cos/sin tables per head); these take
-# 0.083 and 0.118 (records/2026-12-03_speed4-h200). The op owns the whole grad of its input, so q and k get a
-# matmul of their own: were its input part of one qkv matmul's output, inductor would copy the op's grad into
-# the qkv grad (a 151 MB read and write per call); whole steps ran 1-4 ms slower that way.
-QK_ROWS = 32  # rows (token, head) per program: 16 to 64 timed the same on an H200
-FP32_EPS = torch.finfo(torch.float32).eps  # F.rms_norm's default eps for bf16 input, which it normalizes in fp32
-
-
-@torch.library.custom_op("train_gpt::qk_norm_rotary", mutates_args=())
-def qk_norm_rotary(qk: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    """CUDA and bf16 only (the model's norm_rotary_qk() is the rule, in torch): qk (B, T, 2 heads, head_dim), q's
-    heads then k's, to q and k, each rotary(norm(.)) as (B, T, heads, head_dim); cos, sin: Rotary's tables
-    (contiguous rows of head_dim/2 angles)."""
-    B, T, H2, D = qk.shape
-    rows = B * T * H2 // 2
-    qk = qk if qk.stride(-1) == 1 else qk.contiguous()
-    q, k = (qk.new_empty(B, T, H2 // 2, D) for _ in range(2))
-    for x, y in zip(qk.chunk(2, dim=2), (q, k)):
-        _qk_norm_rotary_fwd[(triton.cdiv(rows, QK_ROWS),)](x, cos, sin, y, rows, T, *x.stride()[:3], FP32_EPS,
-                                                           HEADS=H2 // 2, D=D, BLOCK_R=QK_ROWS, num_warps=4)
-    return q, k
-
-
-@qk_norm_rotary.register_fake
-def _(qk, cos, sin):
-    B, T, H2, D = qk.shape
-    return qk.new_empty(B, T, H2 // 2, D), qk.new_empty(B, T, H2 // 2, D)
-
-
-@torch.library.custom_op("train_gpt::qk_norm_rotary_backward", mutates_args=())
-def qk_norm_rotary_backward(qk: Tensor, dq: Tensor, dk: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """The grad of qk_norm_rotary's input from those of its outputs (any strides), recomputing the norm."""
-    B, T, H2, D = qk.shape
-    rows = B * T * H2 // 2
-    dqk = qk.new_empty(qk.shape)
-    qk, dq, dk = (t if t.stride(-1) == 1 else t.contiguous() for t in (qk, dq, dk))
-    for x, g, dx in zip(qk.chunk(2, dim=2), (dq, dk), dqk.chunk(2, dim=2)):
-        _qk_norm_rotary_bwd[(triton.cdiv(rows, QK_ROWS),)](x, g, cos, sin, dx, rows, T, *x.stride()[:3],
-                                                           *g.stride()[:3], *dx.stride()[:3], FP32_EPS,
-                                                           HEADS=H2 // 2, D=D, BLOCK_R=QK_ROWS, num_warps=4)
-    return dqk
-
-
-@qk_norm_rotary_backward.register_fake
-def _(qk, dq, dk, cos, sin):
-    return qk.new_empty(qk.shape)
-
-
-def _qk_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
-
-
-def _qk_grad(ctx, dq, dk):
-    qk, cos, sin = ctx.saved_tensors
-    return qk_norm_rotary_backward(qk, dq, dk, cos, sin), None, None
-
-
-qk_norm_rotary.register_autograd(_qk_grad, setup_context=_qk_setup)
-
+# ---- the attention mask: one rule, as a dense matrix (CPU) or FlexAttention's BlockMask (GPU)
 
 def mask_rule(q_idx: Tensor, kv_idx: Tensor, first: Tensor) -> Tensor:
     """The attention mask, the one definition: query q sees the keys from first[q] to itself, where first is
     first_visible()'s. The dense fallback applies it to every pair, the BlockMask's mask_mod to the pairs of
-    partial blocks. One gather per query: on an H200 Flex's forward and backward ran 7-12% faster with it than
-    with same-document written as docs[q] == docs[kv] (two gathers) and the window as a block difference
-    (records/2026-12-04_speed5-h200/profiles/bench_flex_mask.txt)."""
+    partial blocks. One gather per query (records/2026-12-04_speed5-h200)."""
     return (kv_idx <= q_idx) & (kv_idx >= first[q_idx])
 
 
@@ -421,12 +626,16 @@ def document_starts(idx: Tensor) -> Tensor:
     return torch.where(idx == BOS_ID, pos, 0).cummax(0).values
 
 
-def first_visible(starts: Tensor, window_blocks: Tensor) -> Tensor:
-    """The first key each query sees: the later of its document's start and the start of the earliest 128-token
-    block in its sliding window (the query's block and the window_blocks - 1 blocks before it). Rises along the
-    sequence, as starts do."""
-    pos = torch.arange(starts.numel(), device=starts.device)
-    return torch.maximum(starts, (pos // MASK_BLOCK - window_blocks + 1) * MASK_BLOCK)
+def interleaved_starts(starts: Tensor) -> Tensor:
+    """Document starts over paired heads' interleaved sequence: positions 2t and 2t + 1 belong to token t's
+    document, which starts at twice its start."""
+    return (2 * starts).repeat_interleave(2)
+
+
+def first_visible(starts: Tensor, window: Tensor) -> Tensor:
+    """The first key each query sees: the later of its document's start and `window` positions back (the
+    record's FlashAttention window: keys q - window .. q). Rises along the sequence, as starts do."""
+    return torch.maximum(starts, torch.arange(starts.numel(), device=starts.device) - window)
 
 
 def dense_attention_mask(first: Tensor) -> Tensor:
@@ -435,74 +644,73 @@ def dense_attention_mask(first: Tensor) -> Tensor:
     return mask_rule(idx[:, None], idx[None, :], first)
 
 
-def ordered_blocks(visible: Tensor) -> tuple[Tensor, Tensor]:
-    """A BlockMask's layout of bool matrices of blocks (..., rows, cols): per row, how many are true, and the
-    column indices with the true ones first, each part in ascending order. That stable partition comes from one
-    matmul and a scatter, not from a stable argsort as torch's BlockMask helpers find it: compiled, an argsort
-    becomes a Triton sort whose cold compile is pathologically slow (pytorch issue 182060; on an H200 it took
-    the training graph's cold compile from 51 to 115 s). Not from cumsums and row sums either: fused with the
-    block comparisons into reductions over 384 columns, those hit an inductor codegen error on torch 2.11
-    ("list indices must be integers or slices, not NoneType"; fixed in later releases)."""
-    v = visible.float()
-    cols = torch.arange(v.size(-1), device=v.device)
-    earlier = (cols[:, None] < cols[None, :]).float()  # earlier[k, j]: column k comes before column j
-    true_before = (v @ earlier).to(torch.int32)  # exact: ones (even in TF32) summed in fp32, below 2^24
-    counts = true_before[..., -1] + visible[..., -1]
-    # a true block goes after the true ones before it; a false one after all true ones and the false before it
-    slot = torch.where(visible, true_before, counts[..., None] + cols.to(torch.int32) - true_before)
-    order = torch.zeros_like(true_before).scatter(-1, slot.long(), cols.to(torch.int32).expand_as(slot))
-    return counts, order
-
-
 def block_attention_mask(first: Tensor) -> BlockMask:
-    """mask_rule as FlexAttention's BlockMask: per query block, the key blocks where every pair is visible (no
-    mask_mod needed) and those where some are (mask_rule decides per pair); and per key block, the same query
-    blocks (what backward walks). first rises along the sequence, so a block pair is decided by first at the
-    query block's first and last tokens."""
-    num_blocks = first.numel() // MASK_BLOCK
-    blk = torch.arange(num_blocks, device=first.device)
-    q_blk, k_blk = blk[:, None], blk[None, :]
-    earliest, latest = first.view(num_blocks, MASK_BLOCK)[:, 0], first.view(num_blocks, MASK_BLOCK)[:, -1]
-    # some pair visible: the key block is not after the query block, and its last token is not before the
-    # earliest key any of the block's queries sees
-    some_visible = (q_blk >= k_blk) & (earliest[:, None] <= k_blk * MASK_BLOCK + MASK_BLOCK - 1)
-    # every pair: the key block lies wholly before the query block, and at or after the latest first key
-    full = (q_blk > k_blk) & (latest[:, None] <= k_blk * MASK_BLOCK)
-    some = some_visible & ~full
+    """mask_rule as FlexAttention's BlockMask. first rises, so query block qb sees one run of key blocks: from
+    lo (the block of its earliest first key) to itself. Of those, the blocks from hi (the first at or after
+    its latest first key) to qb - 1 are wholly visible; the others partial, mask_rule deciding per pair (the
+    diagonal always is). Per key block the same runs give the query blocks backward walks. Elementwise ops
+    and two searchsorted calls: no sort (compiled, a slow Triton sort: pytorch issue 182060), no reduction
+    over blocks (torch 2.11's inductor failed on one), no matmul (cubic in the val sequence's 4096 blocks)."""
+    n = first.numel() // MASK_BLOCK
+    per_block = first.view(n, MASK_BLOCK)
+    lo = per_block[:, 0] // MASK_BLOCK
+    hi = (per_block[:, -1] + MASK_BLOCK - 1) // MASK_BLOCK
+    blk = torch.arange(n, device=first.device)
+    col = blk[None, :]
+    last = n - 1
+    # per query block: partial lo .. min(hi, qb) - 1 and the diagonal, full hi .. qb - 1 (ascending)
+    before = torch.minimum(hi, blk) - lo
+    kv_i = torch.where(col < before[:, None], lo[:, None] + col, blk[:, None])
+    full_kv_i = (hi[:, None] + col).clamp(max=last)
+    # per key block kb: full kb + 1 .. (the last query block whose hi <= kb); partial the diagonal, then the
+    # query blocks after both with lo <= kb
+    last_full = torch.searchsorted(hi, blk, right=True) - 1
+    last_some = torch.searchsorted(lo, blk, right=True) - 1
+    start = torch.maximum(blk, last_full) + 1
+    q_i = torch.where(col == 0, blk[:, None], (start[:, None] + col - 1).clamp(max=last))
+    full_q_i = (blk[:, None] + 1 + col).clamp(max=last)
+    i32 = partial(torch.Tensor.to, dtype=torch.int32)
+    counts = [before + 1, (blk - hi).clamp(min=0), 1 + (last_some - start + 1).clamp(min=0),
+              (last_full - blk).clamp(min=0)]
+    kv_n, full_kv_n, q_n, full_q_n = (i32(c)[None, None] for c in counts)
+    kv_i, full_kv_i, q_i, full_q_i = (i32(i)[None, None] for i in (kv_i, full_kv_i, q_i, full_q_i))
 
     def mask_mod(b, h, q_idx, kv_idx):
         return mask_rule(q_idx, kv_idx, first)
 
-    counts, order = ordered_blocks(torch.stack([some, full, some.mT, full.mT])[:, None, None])
-    kv_n, full_kv_n, q_n, full_q_n = counts.unbind()
-    kv_i, full_kv_i, q_i, full_q_i = order.unbind()
     return BlockMask(seq_lengths=(first.numel(), first.numel()), kv_num_blocks=kv_n, kv_indices=kv_i,
                      full_kv_num_blocks=full_kv_n, full_kv_indices=full_kv_i, q_num_blocks=q_n, q_indices=q_i,
                      full_q_num_blocks=full_q_n, full_q_indices=full_q_i, BLOCK_SIZE=(MASK_BLOCK, MASK_BLOCK),
                      mask_mod=mask_mod)
 
 
-def attention_mask(starts: Tensor, window_blocks: Tensor):
-    """The mask in the form attention() takes on this device, for documents starting at starts and a window of
-    window_blocks: a BlockMask for FlexAttention on GPU; on CPU, where Flex has no backward, the dense matrix
-    for SDPA. Built once per forward for each window size."""
-    first = first_visible(starts, window_blocks)
+def attention_mask(first: Tensor):
+    """The mask in the form attention() takes on this device: a BlockMask for FlexAttention on GPU; on CPU,
+    where Flex has no backward, the dense matrix for SDPA."""
     return block_attention_mask(first) if first.is_cuda else dense_attention_mask(first)
 
 
+def attention_masks(idx: Tensor, windows: Tensor, kinds: set) -> dict:
+    """The masks of one sequence, built once per forward: {(paired, long): mask} for the kinds the layers use.
+    windows: (short, long) in tokens, a device tensor (a new window is new data, not a new graph)."""
+    starts = document_starts(idx)
+    masks = {}
+    for paired, long in sorted(kinds):
+        s = interleaved_starts(starts) if paired else starts
+        masks[paired, long] = attention_mask(first_visible(s, windows[int(long)]))
+    return masks
+
+
 # FlexAttention's default Triton tiles at head_dim 128 need more shared memory per thread block in the backward
-# than GPUs below the A100/H100 class have (sm_86, sm_89, sm_120: 99 KiB; A100: 163 KiB; H100/H200: 227 KiB),
-# and compiling then fails with "out of resource: shared memory". Halved tiles in one pipeline stage fit 99 KiB
-# (the tile sizes users report working on an RTX 3090; not yet run on such a GPU here).
+# than GPUs below the A100/H100 class have (sm_86, sm_89, sm_120: 99 KiB) and the compile fails with "out of
+# resource: shared memory"; halved tiles in one pipeline stage fit (the tiles users report working on an
+# RTX 3090). An H200 forced onto them: records/2026-12-04_recipe3-h200.
 FLEX_SMALL_TILES = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32,
                     "num_stages": 1}
 FLEX_DEFAULT_TILES_SMEM = 160 * 1024  # bytes of shared memory per block from which Flex's own tiles fit
-# On an H200 at the training shape (49,152 tokens, the windows of step 100), 64x64 forward tiles in 3 stages of
-# 4 warps took 0.438 ms per call against 0.489 for Flex's sm_90 default of 128x64 with 8 warps (inductor's own
-# max-autotune picked them too); its backward default was the fastest of 13. In whole steps 21-45, where
-# windows are short, the gain was within the noise (records/2026-12-03_speed3-h200)
+# 64x64 forward tiles in 3 stages of 4 warps: 0.438 ms per call against 0.489 for Flex's sm_90 default on an
+# H200 at the training shape (records/2026-12-03_speed3-h200)
 FLEX_HOPPER_TILES = {"fwd_BLOCK_M": 64, "fwd_BLOCK_N": 64, "fwd_num_stages": 3, "fwd_num_warps": 4}
-flex_kernel_options = None  # passed to every flex_attention call; build() sets it from --flex_tiles
 
 
 def choose_flex_tiles(choice: str, smem_per_block: int, capability: tuple):
@@ -513,54 +721,349 @@ def choose_flex_tiles(choice: str, smem_per_block: int, capability: tuple):
     return dict(FLEX_HOPPER_TILES) if choice == "auto" and tuple(capability) == (9, 0) else None
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, mask, scale: float) -> Tensor:
-    """Masked attention over (B, T, heads, head_dim), with a mask from attention_mask()."""
+def attention(q: Tensor, k: Tensor, v: Tensor, mask, flex_options=None) -> Tensor:
+    """Masked softmax attention over (B, T, heads, head_dim), at unit scale (q carries the scale), with a mask
+    from attention_mask()."""
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     if isinstance(mask, BlockMask):
-        y = flex_attention(q, k, v, block_mask=mask, scale=scale, kernel_options=flex_kernel_options)
+        y = flex_attention(q, k, v, block_mask=mask, scale=1.0, kernel_options=flex_options)
     else:
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
     return y.transpose(1, 2)
 
 
-def mm(a: Tensor, b: Tensor) -> Tensor:
-    """a @ b for bf16 a and b: what a GPU's bf16 GEMM computes (bf16 inputs, fp32 sums, one rounding to bf16).
-    CPUs without bf16 matrix units run bf16 GEMMs 7-35x slower than fp32 (on 2 AVX2 cores one step of a
-    768-wide model took 4 minutes); there the same function runs as an fp32 matmul of the bf16 values."""
-    if a.device.type == "cpu" and a.dtype == torch.bfloat16:
-        return (a.float() @ b.float()).bfloat16()
-    return a @ b
+# ---- blocks
+
+def gate(x: Tensor, w: Tensor) -> Tensor:
+    """sigmoid of a linear map of x's first GATE_DIMS dims: (..., rows of w)."""
+    return torch.sigmoid(mm(x[..., :GATE_DIMS], w.type_as(x).mT))
 
 
-NS_COEFFS = (3.4445, -4.7750, 2.0315)  # quintic Newton-Schulz coefficients from Muon (Jordan et al., 2024)
+class Attention(nn.Module):
+    def __init__(self, dim: int, num_heads: int, head_dim: int, has_ve: bool, paired: bool, key_offset: bool):
+        super().__init__()
+        self.num_heads, self.head_dim, self.paired, self.key_offset = num_heads, head_dim, paired, key_offset
+        qkvo = torch.stack([init_uniform((dim, dim), dim**-0.5) for _ in range(4)])
+        qkvo[3].zero_()  # output projection starts at zero: each block starts as the identity
+        self.qkvo_w = nn.Parameter(qkvo)
+        # per head, sigmoid(gate_w @ x[:12]) scales the head's output (0.5 at the zero init)
+        self.gate_w = nn.Parameter(torch.zeros(num_heads, GATE_DIMS, dtype=torch.bfloat16))
+        # per head, 2 sigmoid(ve_gate_w @ x[:12]) scales the value embedding added to v (1 at the zero init)
+        self.ve_gate_w = nn.Parameter(torch.zeros(num_heads, GATE_DIMS, dtype=torch.bfloat16)) if has_ve else None
+
+    def forward(self, x: Tensor, ve, mask, rot: Rotary, sa: Tensor, flex_options) -> Tensor:
+        """x: the block's normed input (B, T, dim); sa: this layer's (value, output) scales."""
+        B, T = x.shape[:2]
+        H, D = self.num_heads, self.head_dim
+        # q and k from one matmul, v from another: the QK-norm + rotary op then owns its input's whole grad
+        qk = mm(x, self.qkvo_w[:2].flatten(0, 1).type_as(x).mT).view(B, T, 2 * H, D)
+        q, k = norm_rotary_qk(qk, rot, self.paired)
+        if self.key_offset:
+            k = shift_stationary_keys(k)
+        v = sa[0] * mm(x, self.qkvo_w[2].type_as(x).mT).view(B, T, H, D)
+        if ve is not None:
+            v = v + 2 * gate(x, self.ve_gate_w)[..., None] * ve.view_as(v)
+        if self.paired:  # heads 0..H/2-1 of token t at position 2t of a twice-as-long sequence, the others at 2t+1
+            q, k, v = (t.reshape(B, 2 * T, H // 2, D) for t in (q, k, v))
+        y = attention(q, k, v, mask, flex_options).reshape(B, T, H, D)
+        y = (y * gate(x, self.gate_w)[..., None]).reshape(B, T, H * D)
+        return sa[1] * mm(y, self.qkvo_w[3].type_as(y).mT)
 
 
-def newton_schulz5(G: Tensor, steps: int = 5) -> Tensor:
-    """Approximately orthogonalize G (the U V^T of its SVD) in bf16. The coefficients trade exactness for speed:
-    singular values land in roughly [0.7, 1.2], which trains as well as exact orthogonalization."""
-    a, b, c = NS_COEFFS
+class MLP(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        # both stored (4 dim, dim), as the record's: Muon's shape factor sqrt(rows/cols) is 2 for both
+        self.fc_w = nn.Parameter(init_uniform((4 * dim, dim), 0.5 * dim**-0.5))
+        self.proj_w = nn.Parameter(torch.zeros(4 * dim, dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return mm(F.relu(mm(x, self.fc_w.type_as(x).mT)).square(), self.proj_w.type_as(x))  # ReLU^2
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: "Hyperparameters", i: int):
+        super().__init__()
+        self.long_window, self.paired = i in cfg.long_window_layers, i in cfg.paired_head_layers
+        self.attn = None if i in cfg.no_attn_layers else Attention(
+            cfg.model_dim, cfg.num_heads, cfg.head_dim, cfg.value_embeds[i] >= 0, self.paired,
+            key_offset=self.long_window and not self.paired)
+        self.mlp = MLP(cfg.model_dim)
+
+    def forward(self, x: Tensor, x0: Tensor, bigram, mix: Tensor, ve, masks: dict, rot: Rotary, sa: Tensor,
+                flex_options=None, skip=None) -> Tensor:
+        """mix: this layer's weights of (residual, x0, bigram embedding) in its input; skip: (gate, an earlier
+        layer's output), added first. Inside the block so that a block-by-block compile fuses them with the rest
+        (eager, such glue was ~30 passes over the residual stream per micro-step)."""
+        if skip is not None:
+            x = x + skip[0] * skip[1]
+        x = mix[0] * x + mix[1] * x0
+        if bigram is not None:
+            x = x + mix[2] * bigram
+        if self.attn is not None:
+            x = x + self.attn(norm(x), ve, masks[self.paired, self.long_window], rot, sa, flex_options)
+        return x + self.mlp(norm(x))
+
+
+# ---- the head
+
+def softcap(z: Tensor) -> Tensor:
+    """The head's logit cap, in fp32: 23 sigmoid((z + 5) / 7.5), within (0, 23)."""
+    return SOFTCAP * torch.sigmoid((z.float() + SOFTCAP_SHIFT) / SOFTCAP_DIV)
+
+
+def softcap_ce_parts(z: Tensor, targets: Tensor, weights: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The training head's loss by its formula, for logits z (T, vocab) and capped logits c = softcap(z): per
+    row the multi-token loss, sum over k of weights[k] * (logsumexp(c[row]) - c[row, targets[row + k]]) where
+    row + k < T; the next-token loss (k = 0); and the multi-token loss's grad wrt z, in fp32:
+    (sum_k w_k softmax(c) - sum_k w_k onehot(targets[row + k])) * dc/dz, dc/dz = c (1 - c/23) / 7.5."""
+    T = z.size(0)
+    c = z.float().add(SOFTCAP_SHIFT).div_(SOFTCAP_DIV).sigmoid_().mul_(SOFTCAP)
+    lse = torch.logsumexp(c, dim=-1)
+    rows = torch.arange(T, device=z.device)
+    loss, weight_sum = c.new_zeros(T), c.new_zeros(T)
+    dz = (c - lse[:, None]).exp_()
+    for k in range(len(weights)):
+        n, w = T - k, weights[k].float()
+        loss[:n] += w * (lse[:n] - c[rows[:n], targets[k:]])
+        weight_sum[:n] += w
+    dz.mul_(weight_sum[:, None])
+    for k in range(len(weights)):
+        dz[rows[:T - k], targets[k:]] -= weights[k].float()
+    dz.mul_(c * (1 - c / SOFTCAP)).div_(SOFTCAP_DIV)
+    return loss, lse - c[rows, targets], dz
+
+
+class SoftcapCrossEntropy(torch.autograd.Function):
+    """softcap_ce_parts as an autograd op: (multi-token loss, next-token loss) summed over rows; the backward
+    is the formula's grad (the next-token loss carries none). The head's path where FP8 is off."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, targets: Tensor, weights: Tensor):
+        loss, ntp, dz = softcap_ce_parts(z, targets, weights)
+        ctx.save_for_backward(dz)
+        ctx.z_dtype = z.dtype
+        ntp = ntp.sum()
+        ctx.mark_non_differentiable(ntp)
+        return loss.sum(), ntp
+
+    @staticmethod
+    def backward(ctx, grad_loss, _):
+        dz, = ctx.saved_tensors
+        return (dz * grad_loss).to(ctx.z_dtype), None, None
+
+
+def to_fp8(t: Tensor, scale: float, dtype) -> Tensor:
+    """t / scale in fp8, saturating: torch's cast turns out-of-range values into NaN, not the largest value."""
+    top = E4M3_MAX if dtype == torch.float8_e4m3fn else E5M2_MAX
+    return t.div(scale).clamp(-top, top).to(dtype)
+
+
+def has_fp8_tensor_cores(capability: tuple) -> bool:
+    return tuple(capability) >= (8, 9)  # Ada and Hopper; A100s (8.0) and older have none
+
+
+def scaled_mm(a: Tensor, b: Tensor, scale_a: float, scale_b: float, out_dtype, fast_accum: bool) -> Tensor:
+    """(a*scale_a) @ (b*scale_b) for fp8 a (row-major) and b (column-major): on the FP8 tensor cores of sm_89+
+    GPUs; elsewhere the same product of the same fp8 values in fp32. The scales become device scalars by fill
+    kernels (torch.tensor(value, device) would be a blocking copy)."""
+    if a.is_cuda and has_fp8_tensor_cores(torch.cuda.get_device_capability(a.device)):
+        sa, sb = (torch.full((), s, dtype=torch.float32, device=a.device) for s in (scale_a, scale_b))
+        return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype, use_fast_accum=fast_accum)
+    return ((a.float() * scale_a) @ (b.float() * scale_b)).to(out_dtype)
+
+
+def head_loss(x: Tensor, head_w: Tensor, targets: Tensor, weights: Tensor, fp8: bool,
+              launch: tuple = (8, 512, 8, 64, 128), approx: bool = True) -> tuple[Tensor, Tensor]:
+    """The training head on the last layer's output: rms-norm, logits, soft cap, then (multi-token loss to
+    backpropagate, next-token loss), each summed over tokens. The sum, not the mean, keeps each logit's grad
+    within +-1.75, the range HEAD_GRAD_SCALE assumes; both optimizers ignore the loss's scale. launch and
+    approx: the FP8 path's kernel settings (KernelSettings)."""
+    x = norm(x.flatten(0, -2)).bfloat16()
+    if fp8:
+        x_f8 = to_fp8(x.detach(), HEAD_X_SCALE, torch.float8_e4m3fn)
+        w_f8 = to_fp8(head_w.detach(), HEAD_W_SCALE, torch.float8_e4m3fn)
+        loss, ntp, _, _ = fp8_head_loss(x, head_w, x_f8, w_f8, targets, weights, list(launch), approx)
+        return loss, ntp
+    return SoftcapCrossEntropy.apply(mm(x, head_w.bfloat16().mT), targets, weights)
+
+
+def eval_loss(x: Tensor, head_w: Tensor, targets: Tensor) -> Tensor:
+    """Validation as the record measures it: the bf16 head's next-token loss, summed, in chunks (the same sum
+    in a fraction of the memory)."""
+    x, total = norm(x.flatten(0, -2)).bfloat16(), 0
+    for xc, tc in zip(x.split(EVAL_CHUNK), targets.split(EVAL_CHUNK)):
+        total = total + F.cross_entropy(softcap(mm(xc, head_w.bfloat16().mT)), tc, reduction="sum")
+    return total
+
+
+# ---- the model
+
+class GPT(nn.Module):
+    def __init__(self, cfg: "Hyperparameters", kernels: KernelSettings = None):
+        super().__init__()
+        L, dim, V = cfg.num_layers, cfg.model_dim, cfg.vocab_size
+        self.fp8_head, self.kernels = cfg.fp8_head, kernels or KernelSettings()
+        self.skip_from, self.skip_to, self.backout_layer = *cfg.skip, cfg.backout_layer
+        bf16 = dict(dtype=torch.bfloat16)
+        # lm_head, and the token embedding tied to it (its copy) until split_step (record 2025-12-19)
+        self.head_w = nn.Parameter((torch.randn(V, dim) * 0.005).bfloat16())
+        self.embed = nn.Embedding(V, dim, _weight=self.head_w.detach().clone())
+        self.bigram_embed = (nn.Embedding(cfg.bigram_vocab, dim, _weight=torch.zeros(cfg.bigram_vocab, dim, **bf16))
+                             if cfg.bigram_vocab else None)
+        self.ve_of_layer = list(cfg.value_embeds)
+        self.value_embeds = nn.ModuleList(nn.Embedding(V, dim, _weight=torch.zeros(V, dim, **bf16))
+                                          for _ in range(max(cfg.value_embeds) + 1))
+        self.rotary = Rotary(cfg.head_dim, 2 * max(cfg.seq_len, cfg.val_seq_len))
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(L))
+        self.smear_gate_w = nn.Parameter(torch.zeros(1, GATE_DIMS, **bf16))
+        self.skip_gate_w = nn.Parameter(torch.zeros(1, GATE_DIMS, **bf16))
+        # residual (1.1), attention value and output (0.5, 1), bigram (0.1) weights per layer; smear (0),
+        # backout (0.5) and skip (-1.5: sigmoid 0.18) weights (record)
+        self.scalars = nn.Parameter(torch.cat([torch.full((L,), 1.1), torch.tensor([0.5, 1.0]).repeat(L),
+                                               torch.full((L,), 0.1), torch.tensor([0.0, 0.5, -1.5])]))
+        self.x0_lambdas = nn.Parameter(torch.zeros(L))  # x0's weight in each layer's input
+        self.head_loss, self.eval_loss = head_loss, eval_loss
+
+    def lambdas(self):
+        """The scalars by name: residual (L), attention (L, 2), bigram (L) weights; smear, backout, skip."""
+        L, s = len(self.blocks), self.scalars
+        return s[:L], s[L:3 * L].view(L, 2), s[3 * L:4 * L], s[4 * L], s[4 * L + 1], s[4 * L + 2]
+
+    def compile_regions(self, whole: bool, backend: str = "inductor"):
+        """torch.compile the blocks and the head, either as one graph (whole) or block by block. One graph fuses
+        the glue between blocks and the building of the attention masks, and suits one GPU. Block by block,
+        backward finishes block by block, so the grads of late layers are final (and their reduce-scatter
+        starts) while early layers are still running: what several GPUs need."""
+        # each block instance, with and without grad, is its own compiled variant: lift dynamo's cap of 8
+        torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
+        if whole:
+            self.hidden = torch.compile(self.hidden, dynamic=False, backend=backend)
+        else:
+            for block in self.blocks:
+                block.compile(dynamic=False, backend=backend)
+        self.head_loss = torch.compile(head_loss, dynamic=False, backend=backend)
+        self.eval_loss = torch.compile(eval_loss, dynamic=False, backend=backend)
+
+    def embed_tokens(self, idx: Tensor) -> Tensor:
+        """x0: token embeddings, each plus a gated share of its predecessor's (smear, record 2025-09-18),
+        rms-normed; (1, T, dim)."""
+        x = self.embed(idx)
+        share = self.lambdas()[3] * gate(x[1:], self.smear_gate_w)
+        return norm(torch.cat([x[:1], x[1:] + share * x[:-1]]))[None]
+
+    def hidden(self, idx: Tensor, windows: Tensor) -> Tensor:
+        """idx: (T,) token ids of one sequence; windows: (short, long) window in tokens. Returns the last
+        block's output less the backout, (1, T, dim)."""
+        kinds = {(b.paired, b.long_window) for b in self.blocks if b.attn is not None}
+        return self.run_blocks(idx, attention_masks(idx, windows, kinds))
+
+    def run_blocks(self, idx: Tensor, masks: dict) -> Tensor:
+        resid, sa, bigram_w, _, backout, skip_w = self.lambdas()
+        x = x0 = self.embed_tokens(idx)
+        bigram = None
+        if self.bigram_embed is not None:
+            bigram = self.bigram_embed(bigram_hash(idx, self.bigram_embed.num_embeddings))[None]
+        ve = [e(idx)[None] for e in self.value_embeds]
+        skipped = backout_x = None
+        for i, block in enumerate(self.blocks):
+            skip = None
+            if i == self.skip_to:  # 2 sigmoid(skip_w) sigmoid(gate of x0) times the earlier output
+                skip = (2 * torch.sigmoid(skip_w) * gate(x0, self.skip_gate_w), skipped)
+            mix = torch.stack([resid[i], self.x0_lambdas[i], bigram_w[i]])
+            x = block(x, x0, bigram, mix, ve[self.ve_of_layer[i]] if self.ve_of_layer[i] >= 0 else None, masks,
+                      self.rotary, sa[i], self.kernels.flex_options, skip)
+            if i == self.skip_from:
+                skipped = x
+            if i == self.backout_layer:
+                backout_x = x
+        return x - backout * backout_x
+
+    def forward(self, idx: Tensor, targets: Tensor, windows: Tensor, mtp_weights: Tensor = None):
+        """idx, targets: (T,) token ids of one sequence. Training: (multi-token loss to backpropagate,
+        next-token loss), each summed over the T tokens; eval: the next-token loss sum, twice."""
+        x = self.hidden(idx, windows)
+        targets = targets.long()
+        if not self.training:
+            loss = self.eval_loss(x, self.head_w, targets)
+            return loss, loss
+        k = self.kernels
+        return self.head_loss(x, self.head_w, targets, mtp_weights, self.fp8_head,
+                              (*k.ce_tiles, *k.transpose_tile), k.ce_tanh_approx)
+
+
+def param_groups(model: GPT) -> tuple[dict, dict]:
+    """NorMuon gets the hidden matrices, Adam the rest, each by its group of MUON_GROUPS / ADAM_GROUPS."""
+    blocks = list(model.blocks)
+    muon = {"attn": [b.attn.qkvo_w for b in blocks if b.attn is not None], "mlp_in": [b.mlp.fc_w for b in blocks],
+            "mlp_out": [b.mlp.proj_w for b in blocks]}
+    adam = {"head": [model.head_w, model.embed.weight],  # this order: the optimizer ties the second to the first
+            "embeds": [e.weight for e in model.value_embeds] + ([model.bigram_embed.weight] if model.bigram_embed
+                                                                else []),
+            "scalars": [model.scalars], "x0": [model.x0_lambdas],
+            "gates": [w for b in blocks if b.attn is not None for w in (b.attn.gate_w, b.attn.ve_gate_w)
+                      if w is not None],
+            "smear": [model.smear_gate_w], "skip": [model.skip_gate_w]}
+    muon, adam = ({k: v for k, v in g.items() if v} for g in (muon, adam))
+    grouped = [id(p) for g in (muon, adam) for ps in g.values() for p in ps]
+    assert sorted(grouped) == sorted(id(p) for p in model.parameters()), "every parameter in exactly one group"
+    return muon, adam
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Optimizer: the update rules as pure tensor functions, then the sharded optimizer that keeps their state and
+# overlaps its communication with backward
+
+# Polar Express (Amsel et al., 2025), as the record runs it (2025-09-29_PolarExpress): 5 iterations with
+# these coefficients, computed for a 2e-2 safety factor and cushion 2
+POLAR_EXPRESS_COEFFS = [(8.156554524902461, -22.48329292557795, 15.878769915207462),
+                        (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+                        (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+                        (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+                        (2.3465413258596377, -1.7097828382687081, 0.42323551169305323)]
+
+
+def polar_express(G: Tensor) -> Tensor:
+    """Approximately orthogonalize G (the U V^T of its SVD) in bf16: odd matrix polynomials a X + (b A + c A^2) X,
+    A = X X^T, whose coefficients change per iteration to push every singular value towards 1 quickly."""
     X = G.bfloat16()
     tall = G.size(-2) > G.size(-1)
     if tall:  # iterate on the wide orientation: X @ X.T is then the smaller Gram matrix
         X = X.mT
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # spectral norm <= Frobenius norm <= 1
-    for _ in range(steps):
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) * (1 + 2e-2) + 1e-6)  # spectral norm <= Frobenius norm < 1
+    for a, b, c in POLAR_EXPRESS_COEFFS:
         A = mm(X, X.mT)
         X = a * X + mm(b * A + c * mm(A, A), X)
     return X.mT if tall else X
 
 
-def muon_update(grad: Tensor, momentum_buf: Tensor, momentum: float) -> Tensor:
-    """Muon's update for one matrix: Nesterov momentum, orthogonalized, scaled so tall matrices (fan-out >
-    fan-in) take proportionally larger steps."""
+def muon_shape_factor(shape) -> float:
+    """Tall matrices (fan-out > fan-in) step sqrt(rows/cols) further."""
+    return max(1.0, shape[-2] / shape[-1]) ** 0.5
+
+
+def normuon_update(grad: Tensor, momentum_buf: Tensor, second_buf: Tensor, momentum: float, beta2: float) -> Tensor:
+    """NorMuon's direction for a stack of matrices (record 2025-10-24): Nesterov momentum, orthogonalized; then
+    each neuron's row (or column, along the longer side) divided by the root of its running mean square
+    (second_buf, decay beta2), and the matrix rescaled to the orthogonalized one's Frobenius norm."""
     momentum_buf.lerp_(grad, 1 - momentum)
-    update = newton_schulz5(grad.lerp(momentum_buf, momentum))
-    return update.to(grad.dtype) * max(1.0, grad.size(-2) / grad.size(-1)) ** 0.5
+    v = polar_express(grad.lerp(momentum_buf, momentum)).float()
+    second_buf.lerp_(v.square().mean(dim=neuron_dim(v.shape), keepdim=True), 1 - beta2)
+    u = v * second_buf.clamp_min(1e-10).rsqrt()
+    return u * (v.norm(dim=(-2, -1), keepdim=True) / u.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))
+
+
+def neuron_dim(shape) -> int:
+    """The dim NorMuon averages over: within rows if there are at least as many rows as columns."""
+    return -1 if shape[-2] >= shape[-1] else -2
+
+
+def second_moment_shape(shape) -> tuple:
+    return (*shape[:-2], shape[-2], 1) if neuron_dim(shape) == -1 else (*shape[:-2], 1, shape[-1])
 
 
 def adam_update(grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: int, betas, eps: float) -> Tensor:
-    """Bias-corrected Adam direction (no weight decay), in the dtype of its state (bf16 for the embeddings, as
-    the record keeps them)."""
+    """Bias-corrected Adam direction (no weight decay)."""
     exp_avg.lerp_(grad, 1 - betas[0])
     exp_avg_sq.lerp_(grad.square(), 1 - betas[1])
     m_hat = exp_avg / (1 - betas[0] ** step)
@@ -568,8 +1071,13 @@ def adam_update(grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: int, be
     return m_hat / (v_hat.sqrt() + eps)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Optimizer: sharded across ranks, communication overlapped with backward
+def cautious_step(p: Tensor, update: Tensor, lr: float, decay: float, strict: bool):
+    """p -= lr * update + decay * p, the decay only where update and p have the same sign, so that it never
+    works against the update (cautious weight decay, records 2025-11-10 and 2025-12-18). The record's Muon
+    counts a zero product as agreeing, its Adam does not (strict)."""
+    agree = update * p > 0 if strict else update * p >= 0
+    p.sub_(lr * update + decay * agree * p)
+
 
 class Comm:
     """The collectives the trainer needs; with one process they are copies."""
@@ -593,6 +1101,11 @@ class Comm:
             return self._Done()
         return dist.all_gather_into_tensor(out, inp, async_op=True)
 
+    def all_reduce(self, t: Tensor) -> Tensor:
+        if self.world > 1:
+            dist.all_reduce(t)
+        return t
+
     def all_ok(self, ok: bool) -> bool:
         """True if ok is true on every rank: how ranks agree to go on after a step that can fail on one of them
         (reading a checkpoint, writing one), instead of the others hanging in their next collective."""
@@ -604,53 +1117,61 @@ class Comm:
 
 
 class Bucket:
-    """Parameters whose gradients travel together: laid end to end in `flat` (fp32), zero-padded to `world`
-    shards of `shard_numel`. Rank r reduces, updates and broadcasts shard r. A Muon bucket holds up to `world`
-    matrices of one shape with shard = one matrix, so each rank orthogonalizes whole matrices. The optimizer
-    state is in the parameters' dtype (bf16 for the embeddings, as the record keeps it); the grads of bf16
-    parameters are summed in fp32 (`acc`) micro-step by micro-step, so the sum is the same at any world size."""
+    """Parameters of one group whose gradients travel together: laid end to end in `flat` (fp32), zero-padded
+    to `world` shards of `shard_numel`. Rank r reduces, updates and broadcasts shard r. A NorMuon bucket holds
+    up to `world` matrices of one shape per rank slot, so each rank orthogonalizes whole matrices. Optimizer
+    state is fp32 (record); the grads of bf16 parameters are summed in fp32 (`acc`) micro-step by micro-step,
+    so the sum is the same at any world size."""
 
-    def __init__(self, params: list, kind: str, lr: float, shard_numel: int, world: int):
-        dtype, device = params[0].dtype, params[0].device
-        assert all(p.dtype == dtype for p in params), "a bucket's parameters share one dtype"
-        self.params, self.kind, self.lr = params, kind, lr
+    def __init__(self, params: list, kind: str, group: str, shard_numel: int, world: int):
+        device = params[0].device
+        self.params, self.kind, self.group = params, kind, group
         self.numel = sum(p.numel() for p in params)
         self.flat = torch.zeros(world * shard_numel, device=device)
         self.grad = torch.zeros(shard_numel, device=device)
-        names = ["momentum"] if kind == "muon" else ["exp_avg", "exp_avg_sq"]
-        self.state = {name: torch.zeros(shard_numel, device=device, dtype=dtype) for name in names}
-        self.acc = torch.zeros(self.numel, device=device) if dtype != torch.float32 else None
+        # each state's size per parameter: what state_dict() gathers and splits
+        if kind == "muon":
+            sizes = {"momentum": [p.numel() for p in params],
+                     "second": [math.prod(second_moment_shape(p.shape)) for p in params]}
+        else:
+            sizes = {"exp_avg": [p.numel() for p in params], "exp_avg_sq": [p.numel() for p in params]}
+        per_slot = shard_numel // params[0].numel() if kind == "muon" else None
+        self.state_sizes = sizes
+        self.state = {name: torch.zeros(shard_numel if kind == "adam" or name == "momentum" else per_slot * s[0],
+                                        device=device) for name, s in sizes.items()}
+        self.acc = torch.zeros(self.numel, device=device) if params[0].dtype != torch.float32 else None
         self.ready = 0      # params of this bucket whose grads are final
         self.work = None    # the collective in flight
 
 
 class ShardedOptimizer:
-    """Muon for hidden matrices, Adam for the rest, ZeRO-1 style: gradients are reduce-scattered so each rank
-    updates only its shard, then the updated parameters are all-gathered. A bucket's reduce-scatter starts
-    from a post-accumulate-grad hook as soon as its last gradient is final (during the last micro-step's
-    backward), so communication overlaps the rest of backward; step() waits on the handles."""
+    """NorMuon for hidden matrices, Adam for the rest, ZeRO-1 style: gradients are reduce-scattered so each rank
+    updates only its shard, then the updated parameters are all-gathered. A bucket's reduce-scatter starts from
+    a post-accumulate-grad hook as soon as its last gradient is final (during the last micro-step's backward),
+    so communication overlaps the rest of backward; step() waits on the handles. Adam's buckets take part only
+    in Adam steps (adam_now); in between their grads keep summing. While `tied`, the head bucket's second
+    parameter (the token embedding) adds its grad to the first's (lm_head) and is then set to its copy."""
 
-    def __init__(self, muon_params: list, muon_lr: float, adam_groups: list, adam_betas, adam_eps: float,
-                 comm: Comm):
-        self.comm, self.betas, self.eps = comm, adam_betas, adam_eps
-        self.steps = 0
+    def __init__(self, muon_groups: dict, adam_groups: dict, cfg: "Hyperparameters", comm: Comm):
+        self.comm, self.cfg = comm, cfg
+        self.steps = self.adam_steps = 0
         self.reduce_in_backward = False  # set by the loop for the last micro-step of a batch
+        self.adam_now, self.tied = True, True  # set by the loop for each step
         self.buckets = []
-        # backward produces the last layers' grads first, so bucket them first
-        by_shape = {}
-        for p in reversed(muon_params):
-            by_shape.setdefault(tuple(p.shape), []).append(p)
-        for same in by_shape.values():
+        for group, params in muon_groups.items():
+            # backward produces the last layers' grads first, so bucket them first
+            params = list(reversed(params))
             # several ranks: one matrix per rank, so a bucket's reduce-scatter starts as soon as backward has
-            # made `world` of them. One GPU has nothing to overlap: every matrix of the shape in one bucket,
+            # made `world` of them. One GPU has nothing to overlap: every matrix of the group in one bucket,
             # orthogonalized as one batch (one by one, 46 matrices were ~2,500 small kernels per step)
-            per_rank = len(same) if comm.world == 1 else 1
-            for i in range(0, len(same), per_rank * comm.world):
-                self.buckets.append(Bucket(same[i:i + per_rank * comm.world], "muon", muon_lr,
-                                           per_rank * same[0].numel(), comm.world))
-        for lr, params in adam_groups:
+            per_rank = len(params) if comm.world == 1 else 1
+            for i in range(0, len(params), per_rank * comm.world):
+                self.buckets.append(Bucket(params[i:i + per_rank * comm.world], "muon", group,
+                                           per_rank * params[0].numel(), comm.world))
+        for group, params in adam_groups.items():
             numel = sum(p.numel() for p in params)
-            self.buckets.append(Bucket(params, "adam", lr, math.ceil(numel / comm.world), comm.world))
+            self.buckets.append(Bucket(params, "adam", group, math.ceil(numel / comm.world), comm.world))
+        self.head = next((b for b in self.buckets if b.group == "head"), None)
         self.params = [p for b in self.buckets for p in b.params]  # fixed order, the same at any world size
         for b in self.buckets:
             offset = 0
@@ -658,12 +1179,15 @@ class ShardedOptimizer:
                 p.register_post_accumulate_grad_hook(partial(self._grad_ready, b, offset))
                 offset += p.numel()
 
+    def active(self, b: Bucket) -> bool:
+        return b.kind == "muon" or self.adam_now
+
     @torch.no_grad()
     def _grad_ready(self, bucket: Bucket, offset: int, param: Tensor):
         if bucket.acc is not None:  # fold this micro-step's bf16 grad into the fp32 sum
             add_into_fp32(bucket.acc[offset:offset + param.numel()], param.grad.reshape(-1))
             param.grad = None
-        if self.reduce_in_backward:
+        if self.reduce_in_backward and self.active(bucket):
             bucket.ready += 1
             if bucket.ready == len(bucket.params):
                 self._reduce(bucket)
@@ -675,11 +1199,14 @@ class ShardedOptimizer:
             b.acc.zero_()
         else:
             torch.cat([p.grad.reshape(-1) for p in b.params], out=b.flat[:b.numel])
+        if b is self.head and self.tied:  # the embedding's grad joins lm_head's; its own update is then a copy
+            n = b.params[0].numel()
+            b.flat[:n] += b.flat[n:2 * n]
+            b.flat[n:2 * n].zero_()
         b.work = self.comm.reduce_scatter(b.grad, b.flat)
 
-    def _shard_slice(self, b: Bucket) -> slice:
-        n = b.grad.numel()
-        return slice(self.comm.rank * n, (self.comm.rank + 1) * n)
+    def _shard_slice(self, b: Bucket, numel: int) -> slice:
+        return slice(self.comm.rank * numel, (self.comm.rank + 1) * numel)
 
     @property
     def launched(self) -> int:
@@ -687,41 +1214,112 @@ class ShardedOptimizer:
 
     @torch.no_grad()
     def step(self, lr_factor: float, muon_momentum: float):
+        cfg = self.cfg
         self.steps += 1
-        rank = self.comm.rank
-        for b in self.buckets:
+        self.adam_steps += self.adam_now
+        active = [b for b in self.buckets if self.active(b)]
+        for b in active:
             if b.work is None:
                 self._reduce(b)
-        for b in self.buckets:
+        for b in active:
             b.work.wait()
             torch.cat([p.reshape(-1) for p in b.params], out=b.flat[:b.numel])
-            shard = b.flat[self._shard_slice(b)].clone()
-            lr = b.lr * lr_factor
+            shard = b.flat[self._shard_slice(b, b.grad.numel())].clone()
             if b.kind == "adam":
-                grad = b.grad.to(b.state["exp_avg"].dtype)
-                shard -= lr * adam_update(grad, b.state["exp_avg"], b.state["exp_avg_sq"], self.steps,
-                                          self.betas, self.eps)
-            else:  # this rank's matrices are the bucket's [rank * k, rank * k + k); those past its end are padding
-                shape, k = b.params[0].shape, b.grad.numel() // b.params[0].numel()
-                mine = min(k, len(b.params) - rank * k)
-                if mine > 0:
-                    update = muon_update(b.grad.view(k, *shape)[:mine], b.state["momentum"].view(k, *shape)[:mine],
-                                         muon_momentum)
-                    shard[:update.numel()] -= lr * update.reshape(-1)
+                self._adam(b, shard, lr_factor)
+            else:
+                self._muon(b, shard, lr_factor, muon_momentum)
             b.work = self.comm.all_gather(b.flat, shard)
-        for b in self.buckets:
+        for b in active:
             b.work.wait()
             b.work, b.ready = None, 0
-        news = [new.view_as(p) for b in self.buckets
+            if b is self.head and self.tied:
+                n = b.params[0].numel()
+                b.flat[n:2 * n].copy_(b.flat[:n])
+        params = [p for b in active for p in b.params]
+        news = [new.view_as(p) for b in active
                 for new, p in zip(b.flat[:b.numel].split([p.numel() for p in b.params]), b.params)]
-        torch._foreach_copy_(self.params, news)  # one launch for every parameter, not one each
+        torch._foreach_copy_(params, news)  # one launch for every parameter, not one each
+        for p in params:
+            p.grad = None
+
+    def _adam(self, b: Bucket, shard: Tensor, lr_factor: float):
+        cfg, group = self.cfg, ADAM_GROUPS[b.group]
+        lr = cfg.adam_lr * group.lr_mul * lr_factor
+        direction = adam_update(b.grad, b.state["exp_avg"], b.state["exp_avg_sq"], self.adam_steps, group.betas,
+                                cfg.adam_eps)
+        cautious_step(shard, direction, lr, lr * lr * cfg.adam_wd * group.wd_mul, strict=True)
+
+    def _muon(self, b: Bucket, shard: Tensor, lr_factor: float, momentum: float):
+        """This rank's matrices are the bucket's [rank * k, rank * k + k); those past its end are padding."""
+        cfg, shape = self.cfg, b.params[0].shape
+        k = b.grad.numel() // b.params[0].numel()
+        mine = min(k, len(b.params) - self.comm.rank * k)
+        if mine <= 0:
+            return
+        update = normuon_update(b.grad.view(k, *shape)[:mine], b.state["momentum"].view(k, *shape)[:mine],
+                                b.state["second"].view(k, *second_moment_shape(shape))[:mine], momentum,
+                                cfg.muon_beta2)
+        base = cfg.muon_lr * lr_factor
+        lr = base * MUON_GROUPS[b.group] * muon_shape_factor(shape)
+        # the record's decay: muon_wd times the scheduled base lr times this group's lr
+        cautious_step(shard[:update.numel()].view_as(update), update, lr, cfg.muon_wd * base * lr, strict=False)
+
+    @torch.no_grad()
+    def untie(self):
+        """From now on the token embedding trains on its own, from lm_head's weights and Adam state (record
+        2025-12-19: at 2/3 of training). Collective."""
+        b, n = self.head, self.head.params[0].numel()
+        for name, shard in b.state.items():
+            full = self._gathered(b, shard)
+            full[n:2 * n] = full[:n]
+            shard.copy_(full[self._shard_slice(b, shard.numel())])
+        self.tied = False
+
+    def _gathered(self, b: Bucket, shard: Tensor) -> Tensor:
+        full = shard.new_empty(shard.numel() * self.comm.world)
+        self.comm.all_gather(full, shard).wait()
+        return full
+
+    def _adam_sums(self) -> list:
+        """Each Adam bucket's grads summed so far on this rank (the fp32 sums of bf16 parameters, the .grad of
+        fp32 ones): what the next Adam step will reduce."""
+        sums = []
+        for b in self.buckets:
+            if b.kind == "adam":
+                sums.append(b.acc if b.acc is not None else torch.cat(
+                    [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in b.params]))
+        return sums
+
+    @torch.no_grad()
+    def pending_grads(self) -> list:
+        """Copies of the Adam grads summed since the last Adam step (after an even step they hold that step's)."""
+        return [s.clone() for s in self._adam_sums()]
+
+    @torch.no_grad()
+    def set_pending_grads(self, sums: list):
+        for b, s in zip([b for b in self.buckets if b.kind == "adam"], sums):
+            if b.acc is not None:
+                b.acc.copy_(s)
+                continue
+            for p, g in zip(b.params, s.split([p.numel() for p in b.params])):
+                p.grad = g.view_as(p).to(p.dtype).clone()
+
+    @torch.no_grad()
+    def zero_grads(self):
+        """Drop every grad summed so far (the fp32 sums included): warm-up's steps must leave none behind."""
+        for b in self.buckets:
+            if b.acc is not None:
+                b.acc.zero_()
+            b.ready, b.work = 0, None
         for p in self.params:
             p.grad = None
 
     @torch.no_grad()
     def all_finite(self) -> Tensor:
         """Whether every parameter is finite, as a device bool (no sync): a diverged run can keep a finite,
-        soft-capped loss for steps after its weights overflowed."""
+        soft-capped loss for steps after its weights overflowed. A bucket's flat holds its parameters after
+        its last update (those of a bucket not updated since hold its last values, or zeros)."""
         return torch.stack([b.flat[:b.numel].isfinite().all() for b in self.buckets]).all()
 
     @torch.no_grad()
@@ -731,231 +1329,33 @@ class ShardedOptimizer:
         i = 0
         for b in self.buckets:
             for name, shard in b.state.items():
-                full = b.flat.new_empty(b.flat.shape, dtype=shard.dtype)
-                self.comm.all_gather(full, shard).wait()
-                for j, t in enumerate(full[:b.numel].split([p.numel() for p in b.params])):
-                    state[i + j][name] = t.view_as(b.params[j]).cpu().clone()
+                sizes = b.state_sizes[name]
+                full = self._gathered(b, shard)[:sum(sizes)]
+                for j, t in enumerate(full.split(sizes)):
+                    shape = second_moment_shape(b.params[j].shape) if name == "second" else b.params[j].shape
+                    state[i + j][name] = t.view(shape).cpu().clone()
             i += len(b.params)
-        return {"steps": self.steps, "state": state}
+        # after an even step, Adam's grads of that step wait for the next: the sum over all ranks is kept (rank 0
+        # gets it back on resume), so a resumed run takes the same Adam step
+        pending = [self.comm.all_reduce(s.clone()).cpu() for s in self._adam_sums()] if self.steps % 2 else None
+        return {"steps": self.steps, "adam_steps": self.adam_steps, "tied": self.tied, "state": state,
+                "pending_adam_grads": pending}
 
     @torch.no_grad()
     def load_state_dict(self, sd: dict):
-        self.steps = sd["steps"]
+        self.steps, self.adam_steps, self.tied = sd["steps"], sd["adam_steps"], sd["tied"]
+        if sd["pending_adam_grads"] is not None:
+            mine = self.comm.rank == 0
+            self.set_pending_grads([(s if mine else torch.zeros_like(s)).to(self.buckets[0].flat.device)
+                                    for s in sd["pending_adam_grads"]])
         i = 0
         for b in self.buckets:
             for name, shard in b.state.items():
-                full = b.flat.new_zeros(b.flat.shape, dtype=shard.dtype)
-                full[:b.numel] = torch.cat([sd["state"][i + j][name].reshape(-1) for j in range(len(b.params))])
-                shard.copy_(full[self._shard_slice(b)])
+                full = shard.new_zeros(shard.numel() * self.comm.world)
+                flat = torch.cat([sd["state"][i + j][name].reshape(-1) for j in range(len(b.params))])
+                full[:flat.numel()] = flat
+                shard.copy_(full[self._shard_slice(b, shard.numel())])
             i += len(b.params)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Model
-
-def norm(x: Tensor) -> Tensor:
-    return F.rms_norm(x, (x.size(-1),))
-
-
-def init_uniform(shape: tuple, fan_in: int) -> Tensor:
-    """Uniform with std 0.5/sqrt(fan_in) (the speedrun's CastedLinear init)."""
-    bound = 3**0.5 * 0.5 * fan_in**-0.5
-    return torch.empty(shape).uniform_(-bound, bound)
-
-
-def rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """RoPE on x (B, T, heads, head_dim) with tables (>= T, head_dim/2): dims j and j + head_dim/2 of each head
-    turned together by position t's angle theta[t, j], in fp32."""
-    cos, sin = cos[None, :x.size(1), None, :], sin[None, :x.size(1), None, :]
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).type_as(x)
-
-
-class Rotary(nn.Module):
-    """RoPE's tables: head_dim/4 frequencies from 1 down to 1/1024 radians per token, and head_dim/4 zero
-    frequencies, so half the dims carry position and half do not. One instance serves every layer (the tables
-    for a 262K-token val sequence are 134 MB)."""
-
-    def __init__(self, head_dim: int, max_len: int):
-        super().__init__()
-        freqs = (1 / 1024) ** torch.linspace(0, 1, head_dim // 4)
-        freqs = torch.cat([freqs, freqs.new_zeros(head_dim // 4)])
-        theta = torch.outer(torch.arange(max_len, dtype=torch.float32), freqs)
-        self.register_buffer("cos", theta.cos(), persistent=False)
-        self.register_buffer("sin", theta.sin(), persistent=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return rotary(x, self.cos, self.sin)
-
-
-def norm_rotary_qk(qk: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    """QK-norm, then RoPE: qk (B, T, 2 heads, head_dim) holds q's heads, then k's. On GPU the qk_norm_rotary op
-    computes the same function with its own kernels (tests/test_training.py checks them against this)."""
-    if qk.is_cuda and triton is not None and qk.dtype == torch.bfloat16:
-        return qk_norm_rotary(qk, cos[:qk.size(1)], sin[:qk.size(1)])
-    q, k = qk.chunk(2, dim=2)
-    return rotary(norm(q), cos, sin), rotary(norm(k), cos, sin)
-
-
-class Attention(nn.Module):
-    SCALE = 0.12     # softmax scale after QK-norm; the speedrun's tuned value (1/sqrt(128) would be 0.088)
-    GATE_DIMS = 12   # the output gate reads the first 12 dims of the block's normed input (Aug 2025 record)
-
-    def __init__(self, dim: int, num_heads: int, head_dim: int, rotary: Rotary, has_ve: bool):
-        super().__init__()
-        self.num_heads, self.head_dim = num_heads, head_dim
-        qkvo = torch.stack([init_uniform((dim, dim), dim) for _ in range(4)])
-        qkvo[3].zero_()  # output projection starts at zero: each block starts as the identity
-        self.qkvo_w = nn.Parameter(qkvo)
-        # per head, sigmoid(gate_w @ x[:12]) scales the head's output; zero init: every gate starts at 0.5
-        self.gate_w = nn.Parameter(torch.zeros(num_heads, self.GATE_DIMS))
-        # v is scaled by v_lambdas[0]; layers with a value embedding add v_lambdas[1] * ve
-        self.v_lambdas = nn.Parameter(torch.tensor([0.5, 0.5] if has_ve else [0.5]))
-        self.rotary = rotary
-
-    def forward(self, x: Tensor, ve, mask) -> Tensor:
-        B, T = x.shape[:2]
-        # q and k from one matmul, v from another: see qk_norm_rotary for why not one
-        qk = mm(x, self.qkvo_w[:2].flatten(0, 1).type_as(x).mT).view(B, T, 2 * self.num_heads, self.head_dim)
-        q, k = norm_rotary_qk(qk, self.rotary.cos, self.rotary.sin)
-        v = mm(x, self.qkvo_w[2].type_as(x).mT).view(B, T, self.num_heads, self.head_dim)
-        v = self.v_lambdas[0] * v
-        if ve is not None:
-            v = v + self.v_lambdas[1] * ve.view_as(v)
-        y = attention(q, k, v, mask, self.SCALE)
-        gate = torch.sigmoid(mm(x[..., :self.GATE_DIMS], self.gate_w.type_as(x).mT))  # (B, T, heads)
-        y = (y * gate[..., None]).reshape(B, T, -1)
-        return mm(y, self.qkvo_w[3].type_as(y).mT)
-
-
-class MLP(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        # both matrices are stored (dim, 4*dim), the up-projection applied transposed, so Muon's shape factor
-        # max(1, rows/cols)^0.5 is 1 for both and every hidden matrix trains at the same lr (Aug 2025 record)
-        self.fc_w = nn.Parameter(init_uniform((dim, 4 * dim), dim))
-        self.proj_w = nn.Parameter(torch.zeros(dim, 4 * dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return mm(F.relu(mm(x, self.fc_w.type_as(x))).square(), self.proj_w.type_as(x).mT)  # ReLU^2
-
-
-class Block(nn.Module):
-    def __init__(self, dim: int, num_heads: int, head_dim: int, rotary: Rotary, has_attn: bool, has_ve: bool,
-                 long_window: bool):
-        super().__init__()
-        self.attn = Attention(dim, num_heads, head_dim, rotary, has_ve) if has_attn else None
-        self.mlp = MLP(dim)
-        self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0]))  # input = l0 * residual + l1 * embedding
-        self.long_window = long_window
-
-    def forward(self, x: Tensor, x0: Tensor, ve, mask, skip=None) -> Tensor:
-        """skip: (weight, an earlier layer's output) of a U-Net connection, added first. Added here rather than
-        by the caller so that a block-by-block compile fuses it with the rest (eager, its multiply and add and
-        their backward were ~30 full passes over the residual stream per micro-step)."""
-        if skip is not None:
-            x = x + skip[0] * skip[1]
-        x = self.lambdas[0] * x + self.lambdas[1] * x0
-        if self.attn is not None:
-            x = x + self.attn(norm(x), ve, mask)
-        return x + self.mlp(norm(x))
-
-
-def softcapped_logits(x: Tensor, head_w: Tensor) -> Tensor:
-    """The bf16 head: logits of the normed x, soft-capped into (0, 30), in fp32."""
-    return softcap(mm(norm(x).bfloat16(), head_w.bfloat16().mT))
-
-
-def head_loss(x: Tensor, head_w: Tensor, targets: Tensor, fp8: bool) -> Tensor:
-    """Summed cross-entropy of the soft-capped logits. The sum (not mean) keeps logit grads within +-1,
-    the range HEAD_GRAD_SCALE assumes; both optimizers are invariant to the loss's scale."""
-    x = x.flatten(0, -2)
-    if fp8:
-        x = norm(x).bfloat16()
-        x_s = x.size(-1) ** 0.5 / E4M3_MAX
-        x_f8 = to_fp8(x.detach(), x_s, torch.float8_e4m3fn)
-        w_f8 = to_fp8(head_w.detach(), HEAD_W_SCALE, torch.float8_e4m3fn)
-        return fp8_head_loss(x, head_w, x_f8, w_f8, targets, x_s, HEAD_W_SCALE, HEAD_GRAD_SCALE)[0]
-    return F.cross_entropy(softcapped_logits(x, head_w), targets, reduction="sum")
-
-
-EVAL_CHUNK = 16384  # tokens per head_loss call in eval: a 262K-token val sequence's logits would take 52 GB
-
-
-class GPT(nn.Module):
-    def __init__(self, cfg: "Hyperparameters"):
-        super().__init__()
-        L, dim = cfg.num_layers, cfg.model_dim
-        self.fp8_head = cfg.fp8_head
-        # token and value embeddings are bf16 parameters, their Adam state too (Aug 2025 record)
-        self.embed = nn.Embedding(cfg.vocab_size, dim).bfloat16()
-        # value embeddings: table i feeds layer i and layer L-n+i (the first and last n layers)
-        self.num_ve = min(3, L // 2)
-        self.value_embeds = nn.ModuleList(nn.Embedding(cfg.vocab_size, dim).bfloat16() for _ in range(self.num_ve))
-        self.ve_layers = [*range(self.num_ve), *range(L - self.num_ve, L)]
-        rotary = Rotary(cfg.head_dim, max(cfg.seq_len, cfg.val_seq_len))
-        self.blocks = nn.ModuleList(
-            Block(dim, cfg.num_heads, cfg.head_dim, rotary, i not in cfg.no_attn_layers, i in self.ve_layers,
-                  i in cfg.long_window_layers) for i in range(L))
-        self.skip_weights = nn.Parameter(torch.ones(L // 2))  # U-Net: layer L-1-i reads layer i's output
-        self.head_w = nn.Parameter(torch.zeros(cfg.vocab_size, dim))
-        self.head_loss = head_loss
-
-    def compile_regions(self, whole: bool, backend: str = "inductor"):
-        """torch.compile the blocks and the head, either as one graph (whole) or block by block. One graph fuses
-        the glue between blocks (x0 and value-embedding grads summed, embedding norm) and the building of the
-        attention masks (eager, that was ~80 tiny kernels per micro-step), and suits one GPU. Block by block,
-        backward finishes block by block, so the grads of late layers are final (and their reduce-scatter
-        starts) while early layers are still running: what several GPUs need."""
-        # each block instance, with and without grad, is its own compiled variant: lift dynamo's cap of 8
-        torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
-        if whole:
-            self.hidden = torch.compile(self.hidden, dynamic=False, backend=backend)
-        else:
-            for block in self.blocks:
-                block.compile(dynamic=False, backend=backend)
-        self.head_loss = torch.compile(head_loss, dynamic=False, backend=backend)
-
-    def hidden(self, idx: Tensor, window_blocks: Tensor) -> Tensor:
-        """idx: (T,) token ids of one sequence. Returns the last block's output, (1, T, dim)."""
-        starts = document_starts(idx)
-        # long-window layers see window_blocks blocks back, the others half as many (at least one)
-        masks = {True: attention_mask(starts, window_blocks),
-                 False: attention_mask(starts, torch.clamp(window_blocks // 2, min=1))}
-        return self.run_blocks(idx, masks)
-
-    def run_blocks(self, idx: Tensor, masks: dict) -> Tensor:
-        L = len(self.blocks)
-        ve = [e(idx)[None] for e in self.value_embeds]
-        ve_of_layer = ve + [None] * (L - 2 * self.num_ve) + ve
-        x = x0 = norm(self.embed(idx)[None])
-        skips = []
-        for i, block in enumerate(self.blocks):
-            skip = (self.skip_weights[L - 1 - i], skips.pop()) if i >= L - L // 2 else None
-            x = block(x, x0, ve_of_layer[i], masks[block.long_window], skip)
-            if i < L // 2:
-                skips.append(x)
-        return x
-
-    def forward(self, idx: Tensor, targets: Tensor, window_blocks: Tensor) -> Tensor:
-        """idx, targets: (T,) token ids of one sequence. Returns the summed loss over its T tokens."""
-        x = self.hidden(idx, window_blocks)
-        targets = targets.long()
-        if self.training:
-            return self.head_loss(x, self.head_w, targets, self.fp8_head)
-        # validation as the record measures it: the bf16 head, in chunks (same sum, a fraction of the memory)
-        return sum(self.head_loss(xc, self.head_w, tc, False)
-                   for xc, tc in zip(x.flatten(0, -2).split(EVAL_CHUNK), targets.split(EVAL_CHUNK)))
-
-
-def param_groups(model: GPT, cfg: "Hyperparameters") -> tuple[list, list]:
-    """Muon gets the hidden matrices; Adam, with the speedrun's per-group learning rates, the rest."""
-    muon = [p for p in model.blocks.parameters() if p.ndim >= 2]
-    embeds = [model.embed.weight, *[e.weight for e in model.value_embeds]]
-    scalars = [p for p in model.parameters() if p.ndim < 2 and p.numel()]  # a 1-layer model has no skips
-    adam = [(cfg.head_lr, [model.head_w]), (cfg.embed_lr, embeds), (cfg.scalar_lr, scalars)]
-    assert len(muon) + sum(len(ps) for _, ps in adam) == len([p for p in model.parameters() if p.numel()])
-    return muon, adam
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1057,45 +1457,60 @@ def data_changes(flag: str, pattern: str, then: list, now: list) -> str:
 
 
 class TrainLoader:
-    """Each step takes `batch_seqs` sequences of seq_len+1 tokens, each starting at a BOS token, walking the
-    shards in order (cycling). Rank r keeps sequences r, r+W, ... (one per micro-step), so a step sees the
-    same tokens at any world size."""
+    """Micro-batches of seq_len + 1 tokens built from whole documents in order, each clipped to max_doc_len
+    tokens (the record's BOS-aligned batches): the last document of a micro-batch is cut to fill it exactly and
+    the next micro-batch starts at the following document. One that would run past a shard's end starts over
+    at the next shard's first document (shards cycle). Micro-batch i of a step goes to rank i % world, so a
+    step sees the same tokens at any world size."""
 
-    def __init__(self, pattern: str, seq_len: int, batch_seqs: int, rank: int, world: int):
+    def __init__(self, pattern: str, seq_len: int, max_doc_len: int, rank: int, world: int):
         self.files = find_shards(pattern)
-        self.seq_len, self.batch_seqs, self.rank, self.world = seq_len, batch_seqs, rank, world
-        self.load_state({"shard": 0, "pos": 0})
-        self._next_start()  # shards without a single document start fail here, before the log is created
-        if self.shard:
-            self.load_state({"shard": 0, "pos": 0})
+        self.seq_len, self.max_doc_len, self.rank, self.world = seq_len, max_doc_len, rank, world
+        self.load_state({"shard": 0, "doc": 0})
+        self._next_seq()  # shards that cannot fill one micro-batch fail here, before the log is created
+        self.load_state({"shard": 0, "doc": 0})
 
     def load_state(self, state: dict):
         if not 0 <= state["shard"] < len(self.files):
             raise UserError(f"the checkpoint's data position is shard {state['shard']}, but --train_files matches "
                             f"{len(self.files)} shards: resume with the shards the run trained on")
-        self.shard, self.pos = state["shard"], state["pos"]
+        self.shard, self.doc = state["shard"], state["doc"]
         self.tokens = load_shard(self.files[self.shard])
-        self.bos = np.flatnonzero(self.tokens == BOS_ID)
+        self.starts = np.flatnonzero(self.tokens == BOS_ID)
 
     def state(self) -> dict:
-        return {"shard": self.shard, "pos": self.pos}
+        return {"shard": self.shard, "doc": self.doc}
 
-    def _next_start(self) -> int:
+    def _pieces(self) -> tuple[list, int]:
+        """The documents of the micro-batch starting at self.doc, clipped and cut; and the next document."""
+        pieces, have, d, need = [], 0, self.doc, self.seq_len + 1
+        while have < need and d < len(self.starts):
+            start = self.starts[d]
+            end = min(self.starts[d + 1] if d + 1 < len(self.starts) else len(self.tokens),
+                      start + self.max_doc_len, start + need - have)
+            pieces.append(self.tokens[start:end])
+            have, d = have + end - start, d + 1
+        return (pieces if have == need else None), d
+
+    def _next_seq(self) -> np.ndarray:
         for _ in range(len(self.files) + 1):
-            i = np.searchsorted(self.bos, self.pos)
-            if i < len(self.bos) and self.bos[i] + self.seq_len + 1 <= len(self.tokens):
-                return int(self.bos[i])
-            self.load_state({"shard": (self.shard + 1) % len(self.files), "pos": 0})
-        raise ShardFormatError(f"no shard of {self.files[0]}... holds a BOS ({BOS_ID}) followed by "
-                               f"{self.seq_len} tokens: documents must start with <|endoftext|>. {DATA_HINT}")
+            pieces, after = self._pieces()
+            if pieces is not None:
+                self.doc = after
+                return np.concatenate(pieces)
+            self.load_state({"shard": (self.shard + 1) % len(self.files), "doc": 0})
+        if not any(np.any(load_shard(f) == BOS_ID) for f in self.files):
+            raise ShardFormatError(f"no shard of {self.files[0]}... holds a document start (<|endoftext|>, "
+                                   f"{BOS_ID}): every document must begin with one. {DATA_HINT}")
+        raise ShardFormatError(f"no shard of {self.files[0]}... holds --seq_len {self.seq_len} + 1 tokens of "
+                               f"documents (from its first <|endoftext|> on): lower --seq_len or use larger shards")
 
-    def next_batch(self) -> list:
+    def next_batch(self, num_seqs: int) -> list:
         seqs = []
-        for i in range(self.batch_seqs):
-            start = self._next_start()
+        for i in range(num_seqs):
+            seq = self._next_seq()
             if i % self.world == self.rank:
-                seqs.append(torch.from_numpy(self.tokens[start:start + self.seq_len + 1].astype(np.int32)))
-            self.pos = start + self.seq_len
+                seqs.append(torch.from_numpy(seq.astype(np.int32)))
         return seqs
 
 
@@ -1121,183 +1536,324 @@ def load_val_tokens(pattern: str, num_tokens: int) -> Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Hyperparameters
+# Training: the Trainer that build() sets up, and the named steps main() runs: warm-up, train step, validation
 
-def H(default, help: str):
-    return field(default=default, metadata={"help": help})
+class Stopwatch:
+    """Training time in ms; stopped while validating and checkpointing. Synchronizes the GPU at each start and
+    stop, so queued work is counted where it runs."""
+
+    def __init__(self, device: torch.device, ms: float = 0.0):
+        self.device, self.ms, self.t0 = device, ms, None
+
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def start(self):
+        self._sync()
+        self.t0 = time.perf_counter()
+
+    def stop(self):
+        self._sync()
+        self.ms += (time.perf_counter() - self.t0) * 1000
+        self.t0 = None
+
+    def elapsed_ms(self) -> float:
+        return self.ms + (0.0 if self.t0 is None else (time.perf_counter() - self.t0) * 1000)
+
+
+LEARNING_BY_STEP = 10  # a run whose train loss is no better (by 0.01) than a uniform guess by this step stops
 
 
 @dataclass
-class Hyperparameters:
-    # data
-    train_files: str = H("data/fineweb10B/fineweb_train_*.bin", "glob of training shards")
-    val_files: str = H("data/fineweb10B/fineweb_val_*.bin", "glob of validation shards")
-    val_tokens: int = H(10_485_760, "the first this many val tokens are scored, in whole --val_seq_len sequences "
-                                    "(record: 10,485,760 = 40 x 262,144)")
-    val_seq_len: int = H(4 * 64 * 1024, "tokens per val sequence, a multiple of 128 (record: 262,144)")
-    seq_len: int = H(48 * 1024, "tokens per GPU per micro-step, a multiple of 128 (record: 48K)")
-    batch_seqs: int = H(8, "sequences per optimizer step over all GPUs; 8 x 48K = 393,216 tokens (record)")
-    # schedule
-    num_steps: int = H(1695, "optimizer steps (record of Aug 2025)")
-    cooldown_frac: float = H(0.45, "last fraction of steps over which lr falls linearly to 0.1x")
-    max_window: int = H(1792, "sliding-window tokens at the end; it grows from 128 in 128-token blocks (record)")
-    val_every: int = H(125, "steps between validations; 0 = only at the end")
-    target_val_loss: float = H(3.28, "the speedrun's target (GPT-2 small's FineWeb loss in llm.c); the log notes "
-                                     "the first val at or below it")
-    stop_at_target: bool = H(False, "stop at the first val <= target_val_loss. Off by default: logs that stop "
-                                    "there sit below the target by construction and bias a record's mean")
-    # model (shrink these for smoke runs)
-    vocab_size: int = H(50304, "GPT-2's 50257 tokens padded to a multiple of 128 for fast matmuls")
-    num_layers: int = H(12, "transformer blocks")
-    model_dim: int = H(768, "residual width")
-    num_heads: int = H(6, "attention heads; num_heads * head_dim must equal model_dim")
-    head_dim: int = H(128, "dims per head")
-    long_window_layers: tuple = H((0, 4, 7, 11), "layers with the full window; the others get half (record)")
-    no_attn_layers: tuple = H((7,), "layers without attention, MLP only (record: layer 7)")
-    fp8_head: bool = H(True, "lm_head matmuls in FP8 while training (e4m3 forward, e5m2 grads); bf16 in eval")
-    flex_tiles: str = H("auto", "FlexAttention's Triton tiles: default, small (fits GPUs with 99 KiB shared memory "
-                                "per block, e.g. RTX 3090/4090), or auto: small below 160 KiB, "
-                                "a faster forward tile on H100/H200")
-    # optimizer (Aug 2025 record)
-    muon_lr: float = H(0.05, "Muon lr for hidden matrices")
-    head_lr: float = H(0.008, "Adam lr for lm_head")
-    embed_lr: float = H(0.6, "Adam lr for token and value embeddings")
-    scalar_lr: float = H(0.04, "Adam lr for the scalar gates and lambdas")
-    adam_beta1: float = H(0.8, "Adam beta1")
-    adam_beta2: float = H(0.95, "Adam beta2")
-    adam_eps: float = H(1e-10, "Adam epsilon; tiny so the update does not depend on the loss scale")
-    momentum_warmup_steps: int = H(300, "Muon momentum rises linearly from 0.85 to 0.95 over these steps")
-    # run
-    seed: int = H(0, "seed for the parameter init")
-    device: str = H("cuda", "cuda, or cpu for tests and tiny smoke runs")
-    compile: bool = H(True, "torch.compile the model and the head (CUDA only)")
-    compile_scope: str = H("auto", "what one compiled graph holds: model (the attention masks and all blocks; "
-                                   "2% faster per step on one H200 than blocks, measured before the masks joined "
-                                   "it), blocks (one graph per block, so grads reduce during backward: for "
-                                   "several GPUs, not yet measured there), or auto: model on one GPU, blocks on more")
-    warmup_steps: int = H(10, "untimed steps run first to compile, then undone (state restored)")
-    log_dir: str = H("logs", "where <run_id>.txt and checkpoints go")
-    run_id: str = H("", "log file name; default: a fresh uuid")
-    save_every: int = H(0, "save a checkpoint every this many steps and at the end; 0 = never")
-    keep_last: int = H(2, "after each save, delete this run's older checkpoints but the newest this many; 0 = keep all")
-    resume: str = H("", "checkpoint to continue from, with identical data order, schedule and optimizer state")
-    profile_steps: tuple = H((), "A,B: profile train steps A..B (CUDA) into <log_dir>/<run_id>_profile.txt: GPU "
-                                 "time per kernel category and the top kernels")
+class Trainer:
+    cfg: Hyperparameters
+    comm: Comm
+    device: torch.device
+    model: GPT
+    opt: ShardedOptimizer
+    train_loader: TrainLoader
+    val_tokens: Tensor
+    run_id: str
+    log_path: Path
+    clock: Stopwatch
+    kernels: KernelSettings
+    step: int = 0                 # optimizer steps done
+    last_checkpoint: str = ""     # the newest complete checkpoint of this run
+    reached_target: bool = False
+    target_ms: float = None       # training time at the first val at or below the target
+    vals: list = field(default_factory=list)  # (step, val loss) of this process's validations
+    log_open: bool = False
+    profiler: object = None
+    fingerprints: dict = None     # of the shards this run reads, once a checkpoint needs them
+    window_tensors: dict = field(default_factory=dict)  # (short, long) in tokens -> device tensor
+    windows: Tensor = None        # this step's, one of window_tensors
+    mtp_table: Tensor = None      # every step's multi-token weights, on the device
+    mtp: Tensor = None            # this step's, copied from the table (a fixed tensor: no new graph)
+    learning_by_step: float = LEARNING_BY_STEP  # benches that time fresh weights at late steps lift it
+
+    def data(self) -> dict:
+        """Fingerprints of the train shards and of the val shards that val_tokens reaches."""
+        if self.fingerprints is None:
+            cfg = self.cfg
+            self.fingerprints = {"train": [shard_fingerprint(f) for f in self.train_loader.files],
+                                 "val": [shard_fingerprint(f) for f in
+                                         val_files_read(cfg.val_files, len(self.val_tokens) - 1)]}
+        return self.fingerprints
+
+    def log(self, line: str):
+        if self.comm.rank == 0:
+            print(line, flush=True)
+            if self.log_open:
+                with open(self.log_path, "a") as f:
+                    f.write(line + "\n")
+
+    def set_schedule(self, step: int, final_val: bool = False):
+        """The step's windows, RoPE stage and multi-token weights, as device data the compiled graphs read."""
+        cfg = self.cfg
+        self.model.rotary.set_stages(long_window_stages(step, cfg))
+        tokens = tuple(w * MASK_BLOCK for w in windows_at(step, cfg, final_val))
+        if tokens not in self.window_tensors:
+            self.window_tensors[tokens] = torch.tensor(tokens, dtype=torch.int32, device=self.device)
+        self.windows = self.window_tensors[tokens]
+        if self.mtp_table is None:
+            self.mtp_table = torch.tensor([mtp_weights_at(s, cfg) for s in range(cfg.num_steps + 1)],
+                                          device=self.device)
+            self.mtp = self.mtp_table[0].clone()
+        self.mtp.copy_(self.mtp_table[step])
 
 
-# settings that may differ between a checkpoint and the run resuming it: none of them changes the training
-RESUME_FREE = ("log_dir", "run_id", "val_every", "save_every", "keep_last", "warmup_steps", "resume",
-               "target_val_loss", "stop_at_target", "profile_steps", "flex_tiles")
-# and these may change on resume too, logged: lower rates are how a diverged run continues from a checkpoint
-RESUME_ADJUSTABLE = ("muon_lr", "head_lr", "embed_lr", "scalar_lr")
-RUN_ID_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # a plain file name; 200 leaves room for _step...
+def setup(cfg: Hyperparameters):
+    rank, world, device = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), cfg.device
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if any(n % world for n in cfg.batch_seqs):
+        g = math.gcd(*cfg.batch_seqs)
+        counts = ", ".join(str(n) for n in range(1, g + 1) if g % n == 0)
+        raise UserError(f"{world} processes cannot split batches of {','.join(map(str, cfg.batch_seqs))} "
+                        f"micro-batches evenly; launch with --nproc_per_node (x nodes) in {counts}, the common "
+                        f"divisors of --batch_seqs")
+    if cfg.device == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError("no CUDA GPU is visible. train_gpt.py needs one per process; for a tiny CPU smoke run "
+                            "pass --device cpu and a small model (README.md, 'CPU smoke run')")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device(cfg.device)
+    if world > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                device_id=device if device.type == "cuda" else None)
+    return rank, world, device
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, not the usage of 40 flags
-        self.exit(2, f"error: {message} (`python train_gpt.py --help` lists every flag)\n")
+def build(cfg: Hyperparameters) -> Trainer:
+    """Everything that can fail on the user's input, before the log is created: flags, launch, checkpoint, log
+    folder, data."""
+    check_config(cfg)
+    rank, world, device = setup(cfg)
+    comm = Comm(rank, world, device)
+    notes, kernels = [], KernelSettings()
+    if cfg.fp8_head and device.type == "cuda" and not has_fp8_tensor_cores(torch.cuda.get_device_capability(device)):
+        cfg = dataclasses.replace(cfg, fp8_head=False)  # emulated FP8 would be slower than bf16
+        notes.append(log_line(note="fp8_head_off", why=f"{torch.cuda.get_device_name(device).replace(' ', '_')}"
+                                   f"_has_no_FP8_tensor_cores"))
+    if device.type == "cuda":
+        smem = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+        kernels.flex_options = choose_flex_tiles(cfg.flex_tiles, smem, torch.cuda.get_device_capability(device))
+        if kernels.flex_options == FLEX_SMALL_TILES and cfg.flex_tiles == "auto":
+            notes.append(log_line(note="flex_small_tiles", why=f"{smem // 1024}KiB_shared_memory_per_block"))
+    ckpt = read_checkpoint(cfg, comm) if cfg.resume else None
+    # a resumed run keeps its run_id, and so its log, unless told otherwise
+    run_id = cfg.run_id or (ckpt or {}).get("run_id") or str(uuid.uuid4())
+    log_path = Path(cfg.log_dir) / f"{run_id}.txt"
+    check_log_dir(cfg, log_path, comm, ckpt)
+    train_loader = TrainLoader(cfg.train_files, cfg.seq_len, cfg.max_doc_len, rank, world)
+    val_tokens = load_val_tokens(cfg.val_files, cfg.val_tokens)
+    torch.manual_seed(cfg.seed)
+    model = GPT(cfg, kernels).to(device)
+    opt = ShardedOptimizer(*param_groups(model), cfg, comm)
+    t = Trainer(cfg, comm, device, model, opt, train_loader, val_tokens, run_id, log_path, Stopwatch(device),
+                kernels)
+    if ckpt is not None:
+        restore(t, ckpt)
+    if cfg.compile and device.type == "cuda":
+        model.compile_regions(whole=cfg.compile_scope == "model" or (cfg.compile_scope == "auto" and world == 1))
+    open_log(t, ckpt)
+    for note in notes:
+        t.log(note)
+    return t
 
 
-def parse_bool(s: str) -> bool:
-    value = {"1": True, "true": True, "0": False, "false": False}.get(s.lower())
-    if value is None:
-        raise argparse.ArgumentTypeError(f"expected 1, 0, true or false, not {s!r}")
-    return value
+def diverged(t: Trainer, what: str) -> UserError:
+    """The error that stops a diverged run: what went wrong and where, and the checkpoint to go back to."""
+    return UserError(f"{what}: the run diverged. Newest good checkpoint: {t.last_checkpoint or 'none'}. Resume from "
+                     f"it with lower learning rates (--{', --'.join(RESUME_ADJUSTABLE)} may change on resume), or "
+                     f"start again with lower ones")
 
 
-def parse_layers(s: str) -> tuple:
-    try:
-        return tuple(int(v) for v in s.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated layer numbers, not {s!r}") from None
+def train_step(t: Trainer, step: int) -> float:
+    """One optimizer step over this step's micro-batches (this rank's share); returns the mean next-token train
+    loss. Stops the run at the first non-finite loss or parameter, and at a loss that is still no better than
+    guessing uniformly after LEARNING_BY_STEP steps: weights blown up by a huge learning rate can keep a
+    finite, soft-capped loss forever (the recipe's runs are below that loss from step 2)."""
+    cfg = t.cfg
+    t.set_schedule(step)
+    t.opt.adam_now = is_adam_step(step)
+    loss = torch.zeros((), device=t.device)
+    num_seqs = batch_seqs_at(step, cfg)
+    seqs = t.train_loader.next_batch(num_seqs)
+    for i, seq in enumerate(seqs):
+        seq = seq.to(t.device, non_blocking=True)
+        t.opt.reduce_in_backward = i == len(seqs) - 1  # the last micro-step's grads are final: reduce them now
+        mtp_loss, next_token_loss = t.model(seq[:-1], seq[1:], t.windows, t.mtp)
+        mtp_loss.backward()
+        loss += next_token_loss.detach()
+    t.opt.step(lr_factor(step, cfg), muon_momentum(step, cfg))
+    if step == split_step(cfg) and t.opt.tied:
+        t.opt.untie()
+    stats = torch.stack([loss, t.opt.all_finite().float()])
+    if t.comm.world > 1:
+        dist.all_reduce(stats)
+    loss_sum, finite = stats.tolist()  # the step's one host sync
+    train_loss, t.step = loss_sum / (num_seqs * cfg.seq_len), step + 1
+    if not math.isfinite(train_loss) or finite < t.comm.world:
+        what = "the parameters" if math.isfinite(train_loss) else f"the train loss ({train_loss})"
+        raise diverged(t, f"{what} became non-finite at step {t.step}")
+    uniform = math.log(cfg.vocab_size)
+    if t.step >= t.learning_by_step and train_loss > uniform - 0.01:
+        raise diverged(t, f"the train loss at step {t.step}, {train_loss:.4f}, is no better than guessing uniformly "
+                          f"among {cfg.vocab_size:,} tokens (ln {cfg.vocab_size} = {uniform:.4f})")
+    return train_loss
 
 
-def parse_args(argv=None) -> Hyperparameters:
-    parser = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in dataclasses.fields(Hyperparameters):
-        kind = {bool: parse_bool, tuple: parse_layers}.get(type(f.default), type(f.default))
-        shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
-        parser.add_argument(f"--{f.name}", type=kind, default=f.default, help=f"{f.metadata['help']} (default: {shown})")
-    return Hyperparameters(**vars(parser.parse_args(argv)))
+def tokens_before(step: int, cfg: Hyperparameters) -> int:
+    """Training tokens in the steps before `step`."""
+    return sum(batch_seqs_at(s, cfg) for s in range(step)) * cfg.seq_len
 
 
-def hyperparameters_from(saved: dict) -> Hyperparameters:
-    """The Hyperparameters of a config saved as JSON (a checkpoint's, a log's config line): lists back to
-    tuples, keys this version does not know left out."""
-    known = {f.name for f in dataclasses.fields(Hyperparameters)}
-    return Hyperparameters(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in known})
+def log_train(t: Trainer, train_loss: float):
+    ms, n = t.clock.elapsed_ms(), t.cfg.num_steps
+    done, total = tokens_before(t.step, t.cfg), tokens_before(n, t.cfg)
+    t.log(log_line(step=f"{t.step}/{n}", train_loss=f"{train_loss:.4f}", train_time=f"{ms:.0f}ms",
+                   step_avg=f"{ms / t.step:.2f}ms", eta=f"{ms / done * (total - done) / 1000:.0f}s"))
 
 
-def check_config(cfg: Hyperparameters):
-    """Refuse settings that cannot train, before anything is built."""
-    for name in ["num_steps", "seq_len", "val_seq_len", "batch_seqs", "val_tokens", "momentum_warmup_steps",
-                 "num_layers", "model_dim", "num_heads", "head_dim", "max_window"]:
-        if getattr(cfg, name) <= 0:
-            raise UserError(f"--{name} must be positive (it is {getattr(cfg, name)})")
-    for name in ["val_every", "save_every", "keep_last", "warmup_steps"]:
-        if getattr(cfg, name) < 0:
-            raise UserError(f"--{name} must be 0 or more (it is {getattr(cfg, name)})")
-    for name in ["seq_len", "val_seq_len", "max_window"]:
-        if getattr(cfg, name) % MASK_BLOCK:
-            raise UserError(f"--{name} {getattr(cfg, name)} must be a multiple of {MASK_BLOCK}")
-    if cfg.num_heads * cfg.head_dim != cfg.model_dim:
-        raise UserError(f"--num_heads {cfg.num_heads} x --head_dim {cfg.head_dim} = {cfg.num_heads * cfg.head_dim}, "
-                        f"but --model_dim is {cfg.model_dim}: they must be equal")
-    if cfg.head_dim % 4 or cfg.model_dim < Attention.GATE_DIMS:
-        raise UserError(f"--head_dim must be a multiple of 4 and --model_dim at least {Attention.GATE_DIMS}")
-    if cfg.vocab_size < GPT2_VOCAB:
-        raise UserError(f"--vocab_size {cfg.vocab_size} is smaller than GPT-2's {GPT2_VOCAB} tokens")
-    if cfg.val_tokens < cfg.val_seq_len:
-        raise UserError(f"--val_tokens {cfg.val_tokens} is less than one val sequence (--val_seq_len {cfg.val_seq_len})")
-    bad = [i for i in (*cfg.long_window_layers, *cfg.no_attn_layers) if not 0 <= i < cfg.num_layers]
-    if bad:
-        raise UserError(f"layers {bad} in --long_window_layers/--no_attn_layers do not exist (0..{cfg.num_layers - 1})")
-    if cfg.profile_steps and not (len(cfg.profile_steps) == 2 and 0 <= cfg.profile_steps[0] <= cfg.profile_steps[1]):
-        raise UserError(f"--profile_steps takes two steps A,B with A <= B (it is {cfg.profile_steps})")
-    for name in RESUME_ADJUSTABLE:  # the learning rates
-        if not 0 <= getattr(cfg, name) < math.inf:
-            raise UserError(f"--{name} must be a finite number, 0 or more (it is {getattr(cfg, name)})")
-    for name in ["adam_beta1", "adam_beta2"]:
-        if not 0 <= getattr(cfg, name) < 1:
-            raise UserError(f"--{name} must be at least 0 and below 1 (it is {getattr(cfg, name)})")
-    if not 0 < cfg.adam_eps < math.inf:
-        raise UserError(f"--adam_eps must be a finite number above 0 (it is {cfg.adam_eps})")
-    if cfg.device not in ("cuda", "cpu"):
-        raise UserError(f"--device must be cuda or cpu (it is {cfg.device!r})")
-    if cfg.run_id and not RUN_ID_CHARS.fullmatch(cfg.run_id):
-        raise UserError(f"--run_id {cfg.run_id[:60]!r}{'...' if len(cfg.run_id) > 60 else ''} is not a plain file "
-                        f"name: use letters, digits, '.', '_' and '-', at most 200 (it names the log and checkpoints)")
-    if cfg.compile_scope not in ("auto", "model", "blocks"):
-        raise UserError(f"--compile_scope must be auto, model or blocks (it is {cfg.compile_scope!r})")
-    if cfg.flex_tiles not in ("auto", "default", "small"):
-        raise UserError(f"--flex_tiles must be auto, default or small (it is {cfg.flex_tiles!r})")
-    if not 0 <= cfg.cooldown_frac <= 1:
-        raise UserError(f"--cooldown_frac must be within 0..1 (it is {cfg.cooldown_frac})")
+@torch.no_grad()
+def validate(t: Trainer, step: int) -> bool:
+    """Mean loss over the first val_tokens val tokens, in val_seq_len sequences split over the ranks, with the
+    bf16 head and the step's windows (the last validation: the widest), as the record measures it. Logs it;
+    returns whether it is at or below the target."""
+    cfg = t.cfg
+    t.clock.stop()
+    t.model.eval()
+    t.set_schedule(step, final_val=step == cfg.num_steps)
+    total = torch.zeros(2, device=t.device)
+    for i in range(t.comm.rank, len(t.val_tokens) // cfg.val_seq_len, t.comm.world):
+        seq = t.val_tokens[i * cfg.val_seq_len:(i + 1) * cfg.val_seq_len + 1].to(t.device)
+        total[0] += t.model(seq[:-1], seq[1:], t.windows)[0]
+        total[1] += cfg.val_seq_len
+    if t.comm.world > 1:
+        dist.all_reduce(total)
+    t.model.train()
+    val_loss = (total[0] / total[1]).item()
+    t.log(log_line(step=f"{step}/{cfg.num_steps}", val_loss=f"{val_loss:.4f}", train_time=f"{t.clock.ms:.0f}ms",
+                   step_avg=f"{t.clock.ms / max(step, 1):.2f}ms"))
+    if not math.isfinite(val_loss):
+        raise diverged(t, f"val loss is {val_loss} at step {step}")
+    t.vals.append((step, val_loss))
+    reached = val_loss <= cfg.target_val_loss
+    if reached and not t.reached_target:
+        t.reached_target, t.target_ms = True, t.clock.ms
+        t.log(log_line(reached_target=cfg.target_val_loss, at_step=step, train_time=f"{t.clock.ms:.0f}ms"))
+    t.clock.start()
+    return reached
 
 
-def lr_factor(step: int, cfg: Hyperparameters) -> float:
-    """1 until the cooldown, then linear down to 0.1 at the last step."""
-    progress = step / cfg.num_steps
-    if progress < 1 - cfg.cooldown_frac:
-        return 1.0
-    w = (1 - progress) / cfg.cooldown_frac
-    return w + (1 - w) * 0.1
+@dataclass
+class Snapshot:
+    """What warm-up's steps change, to be put back before the timed run."""
+    model: dict
+    bucket_states: list
+    opt_counters: tuple  # steps, adam_steps, tied
+    pending_grads: list  # Adam's grads summed since its last step
+    loader: dict
+    step: int
 
 
-def muon_momentum(step: int, cfg: Hyperparameters) -> float:
-    """0.85 rising linearly to 0.95 over the first momentum_warmup_steps steps."""
-    return 0.85 + 0.10 * min(step / cfg.momentum_warmup_steps, 1.0)
+def warm_up(t: Trainer):
+    """Compile and autotune on real batches, then put everything back: the timed run starts clean."""
+    cfg = t.cfg
+    if not cfg.warmup_steps:
+        return
+    saved = Snapshot(copy.deepcopy(t.model.state_dict()), copy.deepcopy([b.state for b in t.opt.buckets]),
+                     (t.opt.steps, t.opt.adam_steps, t.opt.tied), t.opt.pending_grads(), t.train_loader.state(),
+                     t.step)
+    start = time.perf_counter()
+    for i in range(cfg.warmup_steps):
+        train_step(t, min(saved.step + i, cfg.num_steps - 1))
+        t.log(log_line(warmup_step=f"{i + 1}/{cfg.warmup_steps}", time=f"{time.perf_counter() - start:.0f}s"))
+    t.model.load_state_dict(saved.model)
+    for b, state in zip(t.opt.buckets, saved.bucket_states):
+        b.state = state
+    t.opt.steps, t.opt.adam_steps, t.opt.tied = saved.opt_counters
+    t.opt.zero_grads()
+    t.opt.set_pending_grads(saved.pending_grads)
+    t.step = saved.step
+    t.train_loader.load_state(saved.loader)
+    t.log(log_line(warmup_steps=cfg.warmup_steps, warmup_time=f"{(time.perf_counter() - start) * 1000:.0f}ms"))
 
 
-def window_blocks(step: int, cfg: Hyperparameters) -> int:
-    """Sliding window in 128-token blocks: the record's (max_window - 64) * step/num_steps tokens rounded up to a
-    whole block, at least one. For 1792 that is ceil(13.5 * step/N): 1 block at the start, 14 in the last 1/27."""
-    tokens_x_steps = (cfg.max_window - MASK_BLOCK // 2) * step
-    return max(1, -(-tokens_x_steps // (MASK_BLOCK * cfg.num_steps)))  # exact integer ceil
+# GPU kernels by name, first match wins: where a step's time goes (--profile_steps). cuBLAS names its FP8
+# GEMMs nvjet_sm90_q*; torch's copy kernels (float8_copy_kernel_cuda, ...) are copies, not FP8 GEMMs.
+KERNEL_CATEGORIES = [("copies and fills", r"[Mm]emcpy|[Mm]emset|copy_kernel|[Ff]ill"),
+                     ("softcap CE + fp8 transposes", r"_softcap_ce|_transpose_bytes"),
+                     ("QK-norm + rotary", r"_qk_norm_rotary"),
+                     ("FlexAttention", r"flex|triton_tem"),
+                     ("FP8 GEMM", r"nvjet_sm90_q|e4m3|e5m2"), ("bf16 GEMM", r"gemm|xmma|cutlass|nvjet|cublas"),
+                     ("NCCL", r"nccl"), ("Triton fused (compiled)", r"triton"), ("other", r"")]
+
+
+def kernel_category(kernel: str) -> str:
+    return next(name for name, rule in KERNEL_CATEGORIES if re.search(rule, kernel))
+
+
+@contextlib.contextmanager
+def profiled(t: Trainer, step: int):
+    """Under --profile_steps A,B: torch.profiler from train step A through B, then a table of GPU time per
+    kernel category and the 25 costliest kernels, per step, in <log_dir>/<run_id>_profile.txt."""
+    first, last = t.cfg.profile_steps or (-1, -1)
+    if step == first and t.device.type == "cuda":
+        t.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+        t.profiler.__enter__()
+        t.profiler.clock_ms = t.clock.elapsed_ms()  # the clock synchronized when it last started
+    yield
+    if step == last and t.profiler is not None:
+        t.clock.stop()  # summarizing takes seconds: not training time
+        t.profiler.__exit__(None, None, None)
+        steps = last - first + 1
+        wall = (t.clock.ms - t.profiler.clock_ms) / steps
+        kernels = [(e.key, e.self_device_time_total / 1000 / steps) for e in t.profiler.key_averages()
+                   if e.self_device_time_total > 0]
+        busy = sum(ms for _, ms in kernels)
+        by_category = {name: 0.0 for name, _ in KERNEL_CATEGORIES}
+        for key, ms in kernels:
+            by_category[kernel_category(key)] += ms
+        lines = [f"GPU time per train step, steps {first}..{last} (rank {t.comm.rank}): {busy:.1f} ms of kernels in "
+                 f"{wall:.1f} ms of training time per step ({busy / wall:.0%} busy; the profiler itself slows the "
+                 f"host); step_avg so far {t.clock.ms / max(t.step, 1):.1f} ms"]
+        lines += [f"{name:<26} {ms:9.2f} ms" for name, ms in by_category.items()]
+        lines += ["", "costliest kernels (ms per step):"]
+        lines += [f"{ms:9.2f}  {key[:150]}" for key, ms in sorted(kernels, key=lambda k: -k[1])[:25]]
+        if t.comm.rank == 0:
+            path = Path(t.cfg.log_dir) / f"{t.run_id}_profile.txt"
+            path.write_text("\n".join(lines) + "\n")
+            t.log(log_line(profile=path))
+        t.profiler = None
+        t.clock.start()
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Logs and checkpoints
+# Logs and checkpoints: a log is only ever appended to; a checkpoint is written whole or not at all
 
 def log_line(**fields) -> str:
     """The one log format: `key:value` pairs, read back by regex (records/tool.py)."""
@@ -1380,9 +1936,9 @@ def write_durably(obj, path: Path):
         os.close(folder)
 
 
-# what a checkpoint holds, with each value's type; "run_id" and "data" (shard fingerprints) since 2026-12-03
+# what a checkpoint holds, with each value's type ("data": the fingerprints of the shards the run reads)
 CHECKPOINT_KEYS = {"model": dict, "optimizer": dict, "loader": dict, "step": int, "train_ms": (int, float),
-                   "config": dict, "source_sha256": str}
+                   "config": dict, "source_sha256": str, "run_id": str, "data": dict}
 
 
 def checkpoint_problem(ckpt) -> str:
@@ -1391,7 +1947,7 @@ def checkpoint_problem(ckpt) -> str:
         return "not a checkpoint written by train_gpt.py"
     wrong = [f"{k} is a {type(ckpt[k]).__name__}" for k, kind in CHECKPOINT_KEYS.items()
              if not isinstance(ckpt[k], kind)]
-    if not wrong and not (isinstance(ckpt["loader"].get("shard"), int) and isinstance(ckpt["loader"].get("pos"), int)):
+    if not wrong and not (isinstance(ckpt["loader"].get("shard"), int) and isinstance(ckpt["loader"].get("doc"), int)):
         wrong = ["its loader position is not two integers"]
     return f"not a checkpoint written by train_gpt.py ({'; '.join(wrong)})" if wrong else ""
 
@@ -1407,109 +1963,24 @@ def is_own_tmp(name: str, run_id: str) -> bool:
     return re.fullmatch(re.escape(run_id) + r"_step\d{6}(\.[0-9a-f]{8})?\.tmp", name) is not None
 
 
-# ----------------------------------------------------------------------------------------------------------
-# The training steps: each takes the Trainer that build() sets up
-
-class Stopwatch:
-    """Training time in ms; stopped while validating and checkpointing. Synchronizes the GPU at each start and
-    stop, so queued work is counted where it runs."""
-
-    def __init__(self, device: torch.device, ms: float = 0.0):
-        self.device, self.ms, self.t0 = device, ms, None
-
-    def _sync(self):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-
-    def start(self):
-        self._sync()
-        self.t0 = time.perf_counter()
-
-    def stop(self):
-        self._sync()
-        self.ms += (time.perf_counter() - self.t0) * 1000
-        self.t0 = None
-
-    def elapsed_ms(self) -> float:
-        return self.ms + (0.0 if self.t0 is None else (time.perf_counter() - self.t0) * 1000)
-
-
-@dataclass
-class Trainer:
-    cfg: Hyperparameters
-    comm: Comm
-    device: torch.device
-    model: GPT
-    opt: ShardedOptimizer
-    train_loader: TrainLoader
-    val_tokens: Tensor
-    run_id: str
-    log_path: Path
-    clock: Stopwatch
-    step: int = 0                 # optimizer steps done
-    last_checkpoint: str = ""     # the newest complete checkpoint of this run
-    reached_target: bool = False
-    log_open: bool = False
-    windows: dict = field(default_factory=dict)
-    profiler: object = None
-    fingerprints: dict = None     # of the shards this run reads, once a checkpoint needs them
-
-    def data(self) -> dict:
-        """Fingerprints of the train shards and of the val shards that val_tokens reaches."""
-        if self.fingerprints is None:
-            cfg = self.cfg
-            self.fingerprints = {"train": [shard_fingerprint(f) for f in self.train_loader.files],
-                                 "val": [shard_fingerprint(f) for f in
-                                         val_files_read(cfg.val_files, len(self.val_tokens) - 1)]}
-        return self.fingerprints
-
-    def log(self, line: str):
-        if self.comm.rank == 0:
-            print(line, flush=True)
-            if self.log_open:
-                with open(self.log_path, "a") as f:
-                    f.write(line + "\n")
-
-    def window(self, step: int) -> Tensor:
-        """The step's window as a device tensor, one per size: a new value is new data, not a new graph."""
-        blocks = window_blocks(step, self.cfg)
-        if blocks not in self.windows:
-            self.windows[blocks] = torch.tensor(blocks, dtype=torch.int32, device=self.device)
-        return self.windows[blocks]
-
-
-def setup(cfg: Hyperparameters):
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if cfg.batch_seqs % world:
-        counts = ", ".join(str(n) for n in range(1, cfg.batch_seqs + 1) if cfg.batch_seqs % n == 0)
-        raise UserError(f"{world} processes cannot split a batch of {cfg.batch_seqs} sequences evenly; launch "
-                        f"with --nproc_per_node (x nodes) in {counts}, the divisors of --batch_seqs")
-    if cfg.device == "cuda":
-        if not torch.cuda.is_available():
-            raise UserError("no CUDA GPU is visible. train_gpt.py needs one per process; for a tiny CPU smoke run "
-                            "pass --device cpu and a small model (README.md, 'CPU smoke run')")
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device(cfg.device)
-    if world > 1:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                device_id=device if device.type == "cuda" else None)
-    return rank, world, device
+def load_checkpoint(path: str) -> tuple[dict, str]:
+    """(checkpoint, '') or (None, why it is not one train_gpt.py can use): the one way a checkpoint is read,
+    weights only (a checkpoint never runs code)."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        return None, "no such file"
+    except Exception as e:  # truncated zip, foreign pickle, a pickled object that is not plain data
+        return None, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'unreadable'}"
+    problem = checkpoint_problem(ckpt)
+    return (None, problem) if problem else (ckpt, "")
 
 
 def read_checkpoint(cfg: Hyperparameters, comm: Comm) -> dict:
-    """The checkpoint --resume names, read by every rank (weights only: a checkpoint never runs code), all of
-    them succeeding; its settings must equal this run's but for RESUME_FREE and RESUME_ADJUSTABLE."""
-    path, ckpt, problem = cfg.resume, None, ""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        problem = checkpoint_problem(ckpt)
-    except FileNotFoundError:
-        problem = "no such file"
-    except Exception as e:  # truncated zip, foreign pickle, a pickled object that is not plain data
-        problem = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'unreadable'}"
+    """The checkpoint --resume names, read by every rank, all of them succeeding; its settings must equal this
+    run's but for RESUME_FREE and RESUME_ADJUSTABLE."""
+    path = cfg.resume
+    ckpt, problem = load_checkpoint(path)
     if not comm.all_ok(not problem):
         raise UserError(f"cannot read checkpoint {path}: {problem or 'another rank could not read it'}. Pass a "
                         f"complete checkpoint of train_gpt.py, at a path every rank can read (with several "
@@ -1565,25 +2036,20 @@ def resume_log_problem(log_path: Path, ckpt: dict, ckpt_path: str) -> str:
     owner = log_owner(log_path)
     if owner is None:
         return f"{log_path} has no config line, so it is no run's log to continue: pass another --run_id"
-    run_id, config = owner
-    if "run_id" in ckpt:
-        same = ckpt["run_id"] == run_id
-    else:  # checkpoints before 2026-12-03 do not name their run: compare the settings that define it
-        same = not {k for k in config_diff(config, ckpt["config"]) if k not in RESUME_FREE + RESUME_ADJUSTABLE}
-    return "" if same else (f"{log_path} is the log of run {run_id}, and {ckpt_path} is a checkpoint of another "
-                            f"run: pass --run_id {ckpt.get('run_id', '<its run id>')} to append to its log, or a "
-                            f"new --run_id for a log of its own")
+    run_id, _ = owner
+    return "" if ckpt["run_id"] == run_id else (f"{log_path} is the log of run {run_id}, and {ckpt_path} is a "
+                                               f"checkpoint of run {ckpt['run_id']}: pass --run_id "
+                                               f"{ckpt['run_id']} to append to its log, or a new --run_id for a "
+                                               f"log of its own")
 
 
 def restore(t: Trainer, ckpt: dict):
     """Continue from a checkpoint read by read_checkpoint: the same data, then every state."""
-    cfg = t.cfg
-    if "data" in ckpt:
-        now = t.data()
-        change = (data_changes("--train_files", cfg.train_files, ckpt["data"]["train"], now["train"])
-                  or data_changes("--val_files", cfg.val_files, ckpt["data"]["val"], now["val"]))
-        if change:
-            raise UserError(f"{change}. Checkpoint {cfg.resume} continues only on the data it was trained on")
+    cfg, now = t.cfg, t.data()
+    change = (data_changes("--train_files", cfg.train_files, ckpt["data"]["train"], now["train"])
+              or data_changes("--val_files", cfg.val_files, ckpt["data"]["val"], now["val"]))
+    if change:
+        raise UserError(f"{change}. Checkpoint {cfg.resume} continues only on the data it was trained on")
     try:
         t.model.load_state_dict(ckpt["model"])
         t.opt.load_state_dict(ckpt["optimizer"])
@@ -1615,6 +2081,7 @@ def open_log(t: Trainer, ckpt):
     if new or ckpt is None:
         t.log(log_line(config=json.dumps(dataclasses.asdict(cfg), separators=(",", ":")),
                        world_size=t.comm.world, run_id=t.run_id))
+        t.log(log_line(kernels=json.dumps(dataclasses.asdict(t.kernels), separators=(",", ":"))))
     if ckpt is None:
         return
     changed = {k: new for k, (_, new) in config_diff(ckpt["config"], dataclasses.asdict(cfg)).items()}
@@ -1628,121 +2095,6 @@ def open_log(t: Trainer, ckpt):
     if ckpt["source_sha256"] != source:
         t.log(log_line(warning="resumed_with_changed_source", checkpoint_sha256=ckpt["source_sha256"][:16],
                        source_sha256=source[:16]))
-
-
-def build(cfg: Hyperparameters) -> Trainer:
-    """Everything that can fail on the user's input, before the log is created: flags, launch, checkpoint, log
-    folder, data."""
-    check_config(cfg)
-    rank, world, device = setup(cfg)
-    comm = Comm(rank, world, device)
-    notes = []
-    if cfg.fp8_head and device.type == "cuda" and not has_fp8_tensor_cores(torch.cuda.get_device_capability(device)):
-        cfg = dataclasses.replace(cfg, fp8_head=False)  # emulated FP8 would be slower than bf16
-        notes.append(log_line(note="fp8_head_off", why=f"{torch.cuda.get_device_name(device).replace(' ', '_')}"
-                                   f"_has_no_FP8_tensor_cores"))
-    if device.type == "cuda":
-        global flex_kernel_options
-        smem = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
-        flex_kernel_options = choose_flex_tiles(cfg.flex_tiles, smem, torch.cuda.get_device_capability(device))
-        if flex_kernel_options == FLEX_SMALL_TILES and cfg.flex_tiles == "auto":
-            notes.append(log_line(note="flex_small_tiles", why=f"{smem // 1024}KiB_shared_memory_per_block"))
-    ckpt = read_checkpoint(cfg, comm) if cfg.resume else None
-    # a resumed run keeps its run_id, and so its log, unless told otherwise
-    run_id = cfg.run_id or (ckpt or {}).get("run_id") or str(uuid.uuid4())
-    log_path = Path(cfg.log_dir) / f"{run_id}.txt"
-    check_log_dir(cfg, log_path, comm, ckpt)
-    train_loader = TrainLoader(cfg.train_files, cfg.seq_len, cfg.batch_seqs, rank, world)
-    val_tokens = load_val_tokens(cfg.val_files, cfg.val_tokens // cfg.val_seq_len * cfg.val_seq_len)
-    torch.manual_seed(cfg.seed)
-    model = GPT(cfg).to(device)
-    muon_params, adam_groups = param_groups(model, cfg)
-    opt = ShardedOptimizer(muon_params, cfg.muon_lr, adam_groups, (cfg.adam_beta1, cfg.adam_beta2),
-                           cfg.adam_eps, comm)
-    t = Trainer(cfg, comm, device, model, opt, train_loader, val_tokens, run_id, log_path, Stopwatch(device))
-    if ckpt is not None:
-        restore(t, ckpt)
-    if cfg.compile and device.type == "cuda":
-        model.compile_regions(whole=cfg.compile_scope == "model" or (cfg.compile_scope == "auto" and world == 1))
-    open_log(t, ckpt)
-    for note in notes:
-        t.log(note)
-    return t
-
-
-def diverged(t: Trainer, what: str) -> UserError:
-    """The error that stops a diverged run: what went wrong and where, and the checkpoint to go back to."""
-    return UserError(f"{what}: the run diverged. Newest good checkpoint: {t.last_checkpoint or 'none'}. Resume from "
-                     f"it with lower learning rates (--{', --'.join(RESUME_ADJUSTABLE)} may change on resume), or "
-                     f"start again with lower ones")
-
-
-LEARNING_BY_STEP = 10  # a run whose train loss is no better (by 0.01) than a uniform guess by this step stops
-
-
-def train_step(t: Trainer, step: int) -> float:
-    """One optimizer step over batch_seqs sequences (this rank's share, one per micro-step); returns the mean
-    train loss. Stops the run at the first non-finite loss or parameter, and at a loss that is still no better
-    than guessing uniformly after LEARNING_BY_STEP steps: weights blown up by a huge learning rate can keep a
-    finite, soft-capped loss forever (the recipe's runs are below that loss from step 2)."""
-    cfg = t.cfg
-    window = t.window(step)
-    loss = torch.zeros((), device=t.device)
-    seqs = t.train_loader.next_batch()
-    for i, seq in enumerate(seqs):
-        seq = seq.to(t.device, non_blocking=True)
-        t.opt.reduce_in_backward = i == len(seqs) - 1  # the last micro-step's grads are final: reduce them now
-        micro_loss = t.model(seq[:-1], seq[1:], window)
-        micro_loss.backward()
-        loss += micro_loss.detach()
-    t.opt.step(lr_factor(step, cfg), muon_momentum(step, cfg))
-    stats = torch.stack([loss, t.opt.all_finite().float()])
-    if t.comm.world > 1:
-        dist.all_reduce(stats)
-    loss_sum, finite = stats.tolist()  # the step's one host sync
-    train_loss, t.step = loss_sum / (cfg.batch_seqs * cfg.seq_len), step + 1
-    if not math.isfinite(train_loss) or finite < t.comm.world:
-        what = "the parameters" if math.isfinite(train_loss) else f"the train loss ({train_loss})"
-        raise diverged(t, f"{what} became non-finite at step {t.step}")
-    uniform = math.log(cfg.vocab_size)
-    if t.step >= LEARNING_BY_STEP and train_loss > uniform - 0.01:
-        raise diverged(t, f"the train loss at step {t.step}, {train_loss:.4f}, is no better than guessing uniformly "
-                          f"among {cfg.vocab_size:,} tokens (ln {cfg.vocab_size} = {uniform:.4f})")
-    return train_loss
-
-
-def log_train(t: Trainer, train_loss: float):
-    ms, n = t.clock.elapsed_ms(), t.cfg.num_steps
-    t.log(log_line(step=f"{t.step}/{n}", train_loss=f"{train_loss:.4f}", train_time=f"{ms:.0f}ms",
-                   step_avg=f"{ms / t.step:.2f}ms", eta=f"{ms / t.step * (n - t.step) / 1000:.0f}s"))
-
-
-@torch.no_grad()
-def validate(t: Trainer, step: int) -> bool:
-    """Mean loss over the first val_tokens val tokens, in val_seq_len sequences split over the ranks, with the
-    bf16 head, as the record measures it. Logs it; returns whether it is at or below the target."""
-    cfg = t.cfg
-    t.clock.stop()
-    t.model.eval()
-    total = torch.zeros(2, device=t.device)
-    for i in range(t.comm.rank, len(t.val_tokens) // cfg.val_seq_len, t.comm.world):
-        seq = t.val_tokens[i * cfg.val_seq_len:(i + 1) * cfg.val_seq_len + 1].to(t.device)
-        total[0] += t.model(seq[:-1], seq[1:], t.window(step))
-        total[1] += cfg.val_seq_len
-    if t.comm.world > 1:
-        dist.all_reduce(total)
-    t.model.train()
-    val_loss = (total[0] / total[1]).item()
-    t.log(log_line(step=f"{step}/{cfg.num_steps}", val_loss=f"{val_loss:.4f}", train_time=f"{t.clock.ms:.0f}ms",
-                   step_avg=f"{t.clock.ms / max(step, 1):.2f}ms"))
-    if not math.isfinite(val_loss):
-        raise diverged(t, f"val loss is {val_loss} at step {step}")
-    reached = val_loss <= cfg.target_val_loss
-    if reached and not t.reached_target:
-        t.reached_target = True
-        t.log(log_line(reached_target=cfg.target_val_loss, at_step=step, train_time=f"{t.clock.ms:.0f}ms"))
-    t.clock.start()
-    return reached
 
 
 def save_checkpoint(t: Trainer):
@@ -1778,74 +2130,6 @@ def save_checkpoint(t: Trainer):
     t.clock.start()
 
 
-# GPU kernels by name, first match wins: where a step's time goes (--profile_steps). cuBLAS names its FP8
-# GEMMs nvjet_sm90_q*; torch's copy kernels (float8_copy_kernel_cuda, ...) are copies, not FP8 GEMMs.
-KERNEL_CATEGORIES = [("copies and fills", r"[Mm]emcpy|[Mm]emset|copy_kernel|[Ff]ill"),
-                     ("softcap CE + fp8 transposes", r"_softcap_ce|_transpose_bytes"),
-                     ("QK-norm + rotary", r"_qk_norm_rotary"),
-                     ("FlexAttention", r"flex|triton_tem"),
-                     ("FP8 GEMM", r"nvjet_sm90_q|e4m3|e5m2"), ("bf16 GEMM", r"gemm|xmma|cutlass|nvjet|cublas"),
-                     ("NCCL", r"nccl"), ("Triton fused (compiled)", r"triton"), ("other", r"")]
-
-
-def kernel_category(kernel: str) -> str:
-    return next(name for name, rule in KERNEL_CATEGORIES if re.search(rule, kernel))
-
-
-@contextlib.contextmanager
-def profiled(t: Trainer, step: int):
-    """Under --profile_steps A,B: torch.profiler from train step A through B, then a table of GPU time per
-    kernel category and the 25 costliest kernels, per step, in <log_dir>/<run_id>_profile.txt."""
-    first, last = t.cfg.profile_steps or (-1, -1)
-    if step == first and t.device.type == "cuda":
-        t.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
-        t.profiler.__enter__()
-        t.profiler.clock_ms = t.clock.elapsed_ms()  # the clock synchronized when it last started
-    yield
-    if step == last and t.profiler is not None:
-        t.clock.stop()  # summarizing takes seconds: not training time
-        t.profiler.__exit__(None, None, None)
-        steps = last - first + 1
-        wall = (t.clock.ms - t.profiler.clock_ms) / steps
-        kernels = [(e.key, e.self_device_time_total / 1000 / steps) for e in t.profiler.key_averages()
-                   if e.self_device_time_total > 0]
-        busy = sum(ms for _, ms in kernels)
-        by_category = {name: 0.0 for name, _ in KERNEL_CATEGORIES}
-        for key, ms in kernels:
-            by_category[kernel_category(key)] += ms
-        lines = [f"GPU time per train step, steps {first}..{last} (rank {t.comm.rank}): {busy:.1f} ms of kernels in "
-                 f"{wall:.1f} ms of training time per step ({busy / wall:.0%} busy; the profiler itself slows the "
-                 f"host); step_avg so far {t.clock.ms / max(t.step, 1):.1f} ms"]
-        lines += [f"{name:<26} {ms:9.2f} ms" for name, ms in by_category.items()]
-        lines += ["", "costliest kernels (ms per step):"]
-        lines += [f"{ms:9.2f}  {key[:150]}" for key, ms in sorted(kernels, key=lambda k: -k[1])[:25]]
-        if t.comm.rank == 0:
-            path = Path(t.cfg.log_dir) / f"{t.run_id}_profile.txt"
-            path.write_text("\n".join(lines) + "\n")
-            t.log(log_line(profile=path))
-        t.profiler = None
-        t.clock.start()
-
-
-def warm_up(t: Trainer):
-    """Compile and autotune on real batches, then put everything back: the timed run starts clean."""
-    cfg = t.cfg
-    if not cfg.warmup_steps:
-        return
-    saved = copy.deepcopy((t.model.state_dict(), [b.state for b in t.opt.buckets], t.opt.steps,
-                           t.train_loader.state(), t.step))
-    start = time.perf_counter()
-    for i in range(cfg.warmup_steps):
-        train_step(t, min(saved[4] + i, cfg.num_steps - 1))
-        t.log(log_line(warmup_step=f"{i + 1}/{cfg.warmup_steps}", time=f"{time.perf_counter() - start:.0f}s"))
-    t.model.load_state_dict(saved[0])
-    for b, state in zip(t.opt.buckets, saved[1]):
-        b.state = state
-    t.opt.steps, t.step = saved[2], saved[4]
-    t.train_loader.load_state(saved[3])
-    t.log(log_line(warmup_steps=cfg.warmup_steps, warmup_time=f"{(time.perf_counter() - start) * 1000:.0f}ms"))
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Sampling from a checkpoint: python train_gpt.py --generate CKPT --prompt "..."
 
@@ -1859,17 +2143,17 @@ def gpt2_encoding():
 
 
 @torch.no_grad()
-def sample(model: GPT, prompt: list, max_new_tokens: int, window: Tensor, temperature: float, top_k: int,
+def sample(model: GPT, prompt: list, max_new_tokens: int, windows: Tensor, temperature: float, top_k: int,
            gen: torch.Generator) -> list:
     """Continue the token list `prompt` (which starts with <|endoftext|>) one token at a time. No KV cache: each
     token runs the whole sequence, padded to whole 128-token blocks (padding after the last token is causally
     invisible to it)."""
     tokens = list(prompt)
-    device = window.device
     for _ in range(max_new_tokens):
         n = len(tokens)
-        idx = torch.tensor(tokens + [0] * (-n % MASK_BLOCK), dtype=torch.int32, device=device)
-        logits = softcapped_logits(model.hidden(idx, window)[0, n - 1], model.head_w)[:GPT2_VOCAB]
+        idx = torch.tensor(tokens + [0] * (-n % MASK_BLOCK), dtype=torch.int32, device=windows.device)
+        x = norm(model.hidden(idx, windows)[0, n - 1]).bfloat16()
+        logits = softcap(mm(x[None], model.head_w.bfloat16().mT))[0, :GPT2_VOCAB]
         if temperature == 0:
             nxt = int(logits.argmax())
         else:
@@ -1892,11 +2176,7 @@ def generate(argv) -> str:
     if args.device not in ("cuda", "cpu") or (args.device == "cuda" and not torch.cuda.is_available()):
         raise UserError(f"--device {args.device}: " + ("no CUDA GPU is visible; pass --device cpu"
                                                        if args.device == "cuda" else "must be cuda or cpu"))
-    try:
-        ckpt = torch.load(args.generate, map_location="cpu", weights_only=True)
-        problem = checkpoint_problem(ckpt)
-    except Exception as e:
-        problem = type(e).__name__
+    ckpt, problem = load_checkpoint(args.generate)
     if problem:
         raise UserError(f"cannot read checkpoint {args.generate} ({problem}): pass one written by train_gpt.py "
                         f"--save_every")
@@ -1923,8 +2203,10 @@ def generate(argv) -> str:
     except (RuntimeError, KeyError, ValueError, TypeError) as e:
         raise UserError(f"checkpoint {args.generate}: its weights do not fit the model its settings describe "
                         f"({str(e).strip().splitlines()[0][:200]})") from None
-    window = torch.tensor(window_blocks(cfg.num_steps, cfg), dtype=torch.int32, device=device)
-    tokens = sample(model, prompt, args.max_new_tokens, window, args.temperature, args.top_k,
+    model.rotary.set_stages(long_window_stages(cfg.num_steps, cfg))
+    windows = torch.tensor([w * MASK_BLOCK for w in windows_at(cfg.num_steps, cfg, final_val=True)],
+                           dtype=torch.int32, device=device)
+    tokens = sample(model, prompt, args.max_new_tokens, windows, args.temperature, args.top_k,
                     torch.Generator().manual_seed(args.seed))
     return enc.decode(tokens[1:])
 
@@ -1935,15 +2217,32 @@ def generate(argv) -> str:
 def gpu_error_message(e: Exception, cfg: Hyperparameters):
     """One line for the GPU failures that a flag fixes, or None: any other error keeps its traceback."""
     if isinstance(e, torch.OutOfMemoryError):
-        return (f"out of GPU memory with --seq_len {cfg.seq_len} --batch_seqs {cfg.batch_seqs}: keep the tokens per "
-                f"step in shorter sequences, e.g. --seq_len {cfg.seq_len // 2} --batch_seqs {cfg.batch_seqs * 2} "
-                f"(README: GPUs with less memory); in validation, a shorter --val_seq_len")
+        doubled = ",".join(str(2 * n) for n in cfg.batch_seqs)
+        return (f"out of GPU memory with --seq_len {cfg.seq_len}: keep the tokens per step in shorter micro-batches, "
+                f"e.g. --seq_len {cfg.seq_len // 2} --batch_seqs {doubled} (README: GPUs with less memory); in "
+                f"validation, a shorter --val_seq_len")
     if "out of resource" in str(e):  # Triton's OutOfResources, raised directly or inside a compile error
         if cfg.flex_tiles != "small":
             return "FlexAttention's kernels need more shared memory than this GPU has: run with --flex_tiles small"
         return ("FlexAttention's kernels need more shared memory than this GPU has, even with --flex_tiles small: "
                 "try --head_dim 64 --num_heads 12, or a GPU of the A100/H100 class")
     return None
+
+
+def summary_line(t: Trainer) -> str:
+    """The log's last line: how the run ended (its last and best val, the time to the target, tokens/s,
+    peak GPU memory, the log)."""
+    cfg, ms = t.cfg, t.clock.ms
+    final = t.vals[-1][1] if t.vals else float("nan")
+    best_step, best = min(t.vals, key=lambda v: v[1]) if t.vals else (0, float("nan"))
+    fields = dict(summary=f"{t.step}/{cfg.num_steps}_steps", final_val=f"{final:.4f}", best_val=f"{best:.4f}",
+                  best_at_step=best_step, train_time=f"{ms / 1000:.1f}s",
+                  target=f"{cfg.target_val_loss}_at_{t.target_ms / 1000:.1f}s" if t.target_ms is not None
+                  else f"{cfg.target_val_loss}_not_reached",
+                  tokens_per_s=f"{tokens_before(t.step, cfg) / max(ms / 1000, 1e-9):,.0f}".replace(",", "_"))
+    if t.device.type == "cuda":
+        fields["peak_memory"] = f"{torch.cuda.max_memory_allocated() // 2**20}MiB"
+    return log_line(**fields, log=t.log_path)
 
 
 def main(argv=None):
@@ -1977,6 +2276,9 @@ def main(argv=None):
         if t.device.type == "cuda":
             t.log(log_line(peak_memory=f"{torch.cuda.max_memory_allocated() // 2**20}MiB",
                            reserved_memory=f"{torch.cuda.max_memory_reserved() // 2**20}MiB"))
+        t.log(summary_line(t))
+        if t.comm.rank == 0:
+            print(f"plot it: python records/tool.py plot {t.log_path} -o {t.log_path.with_suffix('.png')}", flush=True)
         return t.log_path
     except (Exception, KeyboardInterrupt) as e:
         if isinstance(e, KeyboardInterrupt):  # Ctrl-C: a checkpoint write it cut off left no file behind
@@ -1993,6 +2295,327 @@ def main(argv=None):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# GPU fast paths: hand-written Triton kernels for ops torch.compile does poorly, each behind a function that
+# runs the plain-torch rule instead off the GPU (on_gpu); tests/test_training.py checks each kernel against
+# its rule. Launch settings come from KernelSettings.
+
+QK_ROWS = 32      # (token, head) rows per program of the QK-norm + rotary kernels: 16 to 64 timed the same
+ACC_BLOCK = 4096  # elements per program of the fp32 grad accumulate
+FP32_EPS = torch.finfo(torch.float32).eps  # F.rms_norm's default eps for bf16 input, which it normalizes in fp32
+
+
+def softcap_ce_grad(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float, launch=(8, 512, 8, 64, 128),
+                    approx: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """For logits z (T, vocab) of the training head: per row, the multi-token loss (weights[k] times the
+    cross-entropy of the capped logits against targets[row + k], for row + k < T) and the next-token loss; and
+    the multi-token loss's grad wrt z in e5m2 units of grad_s, row-major and transposed (the two operands of
+    the head's backward matmuls: FP8 matmuls take only K-contiguous operands). On GPU one kernel reads z twice
+    and writes the grad, a second transposes it; launch = (rows, vocab columns, warps) of the first, the tile
+    of the second."""
+    if on_gpu(z):
+        return _softcap_ce_cuda(z, targets, weights, grad_s, launch, approx)
+    loss, ntp, dz = softcap_ce_parts(z, targets, weights)
+    g = to_fp8(dz, grad_s, torch.float8_e5m2)
+    return loss, ntp, g, g.T.contiguous()
+
+
+def transposed(t: Tensor, tile=(64, 128)) -> Tensor:
+    """t.T.contiguous() for a 2-D 1-byte (fp8) tensor; on GPU by a tiled kernel (torch's copy of a transposed
+    1-byte tensor is an uncoalesced elementwise kernel: 16 ms for the 49,152 x 50,304 logit grad)."""
+    if not on_gpu(t):
+        return t.T.contiguous()
+    R, C = t.shape
+    out = torch.empty(C, R, device=t.device, dtype=t.dtype)
+    br, bc = tile
+    _transpose_bytes_kernel[(triton.cdiv(R, br), triton.cdiv(C, bc))](t.view(torch.uint8), out.view(torch.uint8), R, C,
+                                                                      BLOCK_R=br, BLOCK_C=bc, num_warps=8)
+    return out
+
+
+def add_into_fp32(acc: Tensor, g: Tensor, block: int = ACC_BLOCK):
+    """acc += g, for a contiguous fp32 acc and a bf16 g of as many elements (a micro-step's grad of a bf16
+    parameter into its fp32 sum). Torch's add of bf16 into fp32 runs its unvectorized mixed-dtype kernel,
+    about half the bandwidth (records/2026-12-04_speed6-h200)."""
+    if on_gpu(acc):
+        n = acc.numel()
+        _add_into_fp32_kernel[(triton.cdiv(n, block),)](acc, g.contiguous(), n, BLOCK=block, num_warps=8)
+    else:
+        acc += g
+
+
+@torch.library.custom_op("train_gpt::fp8_head_loss", mutates_args=())
+def fp8_head_loss(x: Tensor, w: Tensor, x_f8: Tensor, w_f8: Tensor, targets: Tensor, weights: Tensor,
+                  launch: list[int], approx: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The head's summed multi-token and next-token losses with x @ w.T in FP8: x_f8 and w_f8 are x and w
+    divided by their scales and rounded to e4m3 (by the caller, where torch.compile fuses the casts with what
+    makes x). x and w are inputs only for autograd, which sends their grads straight through the casts. The
+    multi-token loss's logit grad is computed here, with the losses, so backward is two FP8 matmuls; the
+    next-token loss carries no grad (it is what the log reports). Returns (losses, and the e5m2 grad row-major
+    and transposed, for backward)."""
+    z = scaled_mm(x_f8, w_f8.T, HEAD_X_SCALE, HEAD_W_SCALE, torch.bfloat16, fast_accum=True)
+    loss, ntp, g_f8, g_f8_t = softcap_ce_grad(z, targets, weights, HEAD_GRAD_SCALE, launch, approx)
+    return loss.sum(), ntp.sum(), g_f8, g_f8_t
+
+
+@fp8_head_loss.register_fake
+def _(x, w, x_f8, w_f8, targets, weights, launch, approx):
+    T, V = x.size(0), w.size(0)
+    scalar = x.new_empty((), dtype=torch.float32)
+    return scalar, scalar.clone(), x.new_empty(T, V, dtype=torch.float8_e5m2), x.new_empty(V, T, dtype=torch.float8_e5m2)
+
+
+@torch.library.custom_op("train_gpt::fp8_mm_backward", mutates_args=())
+def fp8_mm_backward(g_f8: Tensor, g_f8_t: Tensor, x_f8: Tensor, w_f8: Tensor, launch: list[int]) -> tuple[Tensor, Tensor]:
+    """Grads of x @ w.T (both bf16) from the e5m2 output grad, given twice: row-major for grad_x and transposed
+    for grad_w (FP8 matmuls take only K-contiguous operands, and K is the token dim for grad_w)."""
+    tile = launch[3:5]
+    grad_x = scaled_mm(g_f8, transposed(w_f8, tile).T, HEAD_GRAD_SCALE, HEAD_W_SCALE, torch.bfloat16, fast_accum=False)
+    grad_w = scaled_mm(g_f8_t, transposed(x_f8, tile).T, HEAD_GRAD_SCALE, HEAD_X_SCALE, torch.bfloat16,
+                       fast_accum=False)
+    return grad_x, grad_w
+
+
+@fp8_mm_backward.register_fake
+def _(g_f8, g_f8_t, x_f8, w_f8, launch):
+    return x_f8.new_empty(x_f8.shape, dtype=torch.bfloat16), w_f8.new_empty(w_f8.shape, dtype=torch.bfloat16)
+
+
+def _fp8_head_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[2], inputs[3], *output[2:])
+    ctx.launch = inputs[6]
+
+
+def _fp8_head_grad(ctx, grad_loss, *_):
+    x_f8, w_f8, g_f8, g_f8_t = ctx.saved_tensors
+    grad_x, grad_w = fp8_mm_backward(g_f8, g_f8_t, x_f8, w_f8, ctx.launch)
+    return grad_x * grad_loss, grad_w * grad_loss, None, None, None, None, None, None
+
+
+fp8_head_loss.register_autograd(_fp8_head_grad, setup_context=_fp8_head_setup)
+
+
+# QK-norm and RoPE of q and k (norm, then rotary) as one op on GPU, with a hand-written kernel each way:
+# 0.083 / 0.118 ms per layer and micro-step against inductor's 0.18 / 0.21 on an H200 (records/2026-12-03_speed4-h200)
+
+@torch.library.custom_op("train_gpt::qk_norm_rotary", mutates_args=())
+def qk_norm_rotary(qk: Tensor, cos: Tensor, sin: Tensor, scale: Tensor, paired: bool) -> tuple[Tensor, Tensor]:
+    """CUDA and bf16 only (norm_rotary_qk() holds the torch rule): qk (B, T, 2 heads, head_dim), q's heads then
+    k's, to q (times scale) and k, each rotary(norm(.)) as (B, T, heads, head_dim); cos, sin: Rotary's tables
+    (contiguous rows of head_dim/2 angles); paired: heads at paired_positions."""
+    B, T, H2, D = qk.shape
+    rows = B * T * H2 // 2
+    qk = qk if qk.stride(-1) == 1 else qk.contiguous()
+    q, k = (qk.new_empty(B, T, H2 // 2, D) for _ in range(2))
+    for x, y, scaled in zip(qk.chunk(2, dim=2), (q, k), (True, False)):
+        _qk_norm_rotary_fwd[(triton.cdiv(rows, QK_ROWS),)](x, cos, sin, scale, y, rows, T, *x.stride()[:3], FP32_EPS,
+                                                           HEADS=H2 // 2, D=D, BLOCK_R=QK_ROWS, PAIRED=paired,
+                                                           SCALED=scaled, num_warps=4)
+    return q, k
+
+
+@qk_norm_rotary.register_fake
+def _(qk, cos, sin, scale, paired):
+    B, T, H2, D = qk.shape
+    return qk.new_empty(B, T, H2 // 2, D), qk.new_empty(B, T, H2 // 2, D)
+
+
+@torch.library.custom_op("train_gpt::qk_norm_rotary_backward", mutates_args=())
+def qk_norm_rotary_backward(qk: Tensor, dq: Tensor, dk: Tensor, cos: Tensor, sin: Tensor, scale: Tensor,
+                            paired: bool) -> Tensor:
+    """The grad of qk_norm_rotary's input from those of its outputs (any strides), recomputing the norm."""
+    B, T, H2, D = qk.shape
+    rows = B * T * H2 // 2
+    dqk = qk.new_empty(qk.shape)
+    qk, dq, dk = (t if t.stride(-1) == 1 else t.contiguous() for t in (qk, dq, dk))
+    for x, g, dx, scaled in zip(qk.chunk(2, dim=2), (dq, dk), dqk.chunk(2, dim=2), (True, False)):
+        _qk_norm_rotary_bwd[(triton.cdiv(rows, QK_ROWS),)](x, g, cos, sin, scale, dx, rows, T, *x.stride()[:3],
+                                                           *g.stride()[:3], *dx.stride()[:3], FP32_EPS,
+                                                           HEADS=H2 // 2, D=D, BLOCK_R=QK_ROWS, PAIRED=paired,
+                                                           SCALED=scaled, num_warps=4)
+    return dqk
+
+
+@qk_norm_rotary_backward.register_fake
+def _(qk, dq, dk, cos, sin, scale, paired):
+    return qk.new_empty(qk.shape)
+
+
+def _qk_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:4])
+    ctx.paired = inputs[4]
+
+
+def _qk_grad(ctx, dq, dk):
+    qk, cos, sin, scale = ctx.saved_tensors
+    return qk_norm_rotary_backward(qk, dq, dk, cos, sin, scale, ctx.paired), None, None, None, None
+
+
+qk_norm_rotary.register_autograd(_qk_grad, setup_context=_qk_setup)
+
+
+def _softcap_ce_cuda(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float, launch, approx: bool):
+    T, V = z.shape
+    loss, ntp = (torch.empty(T, device=z.device, dtype=torch.float32) for _ in range(2))
+    g = torch.empty(T, V, device=z.device, dtype=torch.float8_e5m2)
+    block_t, block_v, warps, *tile = launch
+    assert weights.numel() == MTP_TOKENS and weights.dtype == torch.float32
+    _softcap_ce_kernel[(triton.cdiv(T, block_t),)](z, targets, weights.contiguous(), loss, ntp, g, T, 1 / grad_s, V=V,
+                                                   CAP=SOFTCAP, SHIFT=SOFTCAP_SHIFT, DIV=SOFTCAP_DIV, TOP=E5M2_MAX,
+                                                   BLOCK_T=block_t, BLOCK_V=block_v, APPROX=approx, num_warps=warps)
+    return loss, ntp, g, transposed(g, tile)
+
+
+if triton is not None:
+    @triton.jit
+    def _tanh(x, APPROX: tl.constexpr):
+        """tanh in one special-function-unit op (tanh.approx, max relative error 2^-10.99) or, exactly, in two."""
+        if APPROX:
+            return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                             is_pure=True, pack=1)
+        return 2.0 / (1.0 + tl.exp2(x * -2.8853900817779268)) - 1.0  # 2 sigmoid(2x) - 1
+
+    @triton.jit
+    def _capped_log2(z_ptr, rows, t, live, V: tl.constexpr, SHIFT: tl.constexpr, DIV: tl.constexpr,
+                     HALF_CAP2: tl.constexpr, APPROX: tl.constexpr):
+        """The capped logit of column t of each row, in base-2 units: (tanh((z + SHIFT) / (2 DIV)) + 1) CAP/2 log2(e)."""
+        z = tl.load(z_ptr + rows * V + t, mask=live, other=0.0).to(tl.float32)
+        return (_tanh((z + SHIFT) * (0.5 / DIV), APPROX) + 1.0) * HALF_CAP2
+
+    @triton.jit
+    def _softcap_ce_kernel(z_ptr, targets_ptr, weights_ptr, loss_ptr, ntp_ptr, g_ptr, T, inv_grad_s,
+                           V: tl.constexpr, CAP: tl.constexpr, SHIFT: tl.constexpr, DIV: tl.constexpr,
+                           TOP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, APPROX: tl.constexpr):
+        """Rows [pid*BLOCK_T, +BLOCK_T) of softcap_ce_grad: a pass over the vocab for the log-sum-exp, a second
+        that writes each (BLOCK_T x BLOCK_V) tile of the e5m2 grad. The cap is written with tanh,
+        sigmoid(u) = (1 + tanh(u/2)) / 2, so c - CAP = CAP/2 (t - 1) and dc/dz = CAP/(4 DIV) (1 - t^2).
+        Exponentials are base 2 with log2(e) folded into the constants, and no running max is kept: the capped
+        logits lie in (0, CAP), so exp(c - CAP) lies in (e^-CAP, 1] and a sum of them cannot overflow fp32. The
+        next 3 tokens' targets (k = 0, 1, 2, those with row + k < T) carry weights[k]."""
+        LOG2E: tl.constexpr = 1.4426950408889634
+        HALF_CAP2: tl.constexpr = 0.5 * CAP * LOG2E  # c - CAP in base-2 units, per unit of (t - 1)
+        rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)  # offsets pass 2^31
+        live = rows < T
+        s = tl.zeros((BLOCK_T,), tl.float32)
+        for v0 in range(0, V, BLOCK_V):
+            cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
+            inside = live[:, None] & (cols < V)[None, :]  # the last tile may pass the vocab's end
+            z = tl.load(z_ptr + rows[:, None] * V + cols[None, :], mask=inside, other=0.0).to(tl.float32)
+            th = _tanh((z + SHIFT) * (0.5 / DIV), APPROX)
+            s += tl.sum(tl.where(inside, tl.exp2(th * HALF_CAP2 - HALF_CAP2), 0.0), axis=1)  # exp(c - CAP)
+        lse2 = CAP * LOG2E + tl.log2(s)  # log2 of sum(exp(c))
+        live1, live2 = live & (rows + 1 < T), live & (rows + 2 < T)
+        t0 = tl.load(targets_ptr + rows, mask=live, other=0).to(tl.int64)
+        t1 = tl.load(targets_ptr + rows + 1, mask=live1, other=-1).to(tl.int64)
+        t2 = tl.load(targets_ptr + rows + 2, mask=live2, other=-1).to(tl.int64)
+        w0 = tl.load(weights_ptr)
+        w1 = tl.where(live1, tl.load(weights_ptr + 1), 0.0)
+        w2 = tl.where(live2, tl.load(weights_ptr + 2), 0.0)
+        c0 = _capped_log2(z_ptr, rows, t0, live, V, SHIFT, DIV, HALF_CAP2, APPROX)
+        c1 = _capped_log2(z_ptr, rows, t1, live1, V, SHIFT, DIV, HALF_CAP2, APPROX)
+        c2 = _capped_log2(z_ptr, rows, t2, live2, V, SHIFT, DIV, HALF_CAP2, APPROX)
+        tl.store(ntp_ptr + rows, (lse2 - c0) / LOG2E, mask=live)
+        tl.store(loss_ptr + rows, (w0 * (lse2 - c0) + w1 * (lse2 - c1) + w2 * (lse2 - c2)) / LOG2E, mask=live)
+        weight_sum = w0 + w1 + w2
+        for v0 in range(0, V, BLOCK_V):
+            cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
+            inside = live[:, None] & (cols < V)[None, :]
+            z = tl.load(z_ptr + rows[:, None] * V + cols[None, :], mask=inside, other=0.0).to(tl.float32)
+            th = _tanh((z + SHIFT) * (0.5 / DIV), APPROX)
+            dc = weight_sum[:, None] * tl.exp2(th * HALF_CAP2 + (HALF_CAP2 - lse2[:, None]))
+            dc -= tl.where(cols[None, :] == t0[:, None], w0, 0.0)
+            dc -= tl.where(cols[None, :] == t1[:, None], w1[:, None], 0.0)
+            dc -= tl.where(cols[None, :] == t2[:, None], w2[:, None], 0.0)
+            g = dc * (1.0 - th * th) * (inv_grad_s * CAP / (4.0 * DIV))
+            g = tl.minimum(tl.maximum(g, -TOP), TOP).to(tl.float8e5)
+            tl.store(g_ptr + rows[:, None] * V + cols[None, :], g, mask=inside)
+
+    @triton.jit
+    def _transpose_bytes_kernel(src_ptr, dst_ptr, R, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+        """dst (C x R) = src (R x C) transposed, for 1-byte elements: a tile is read in rows and written in
+        columns."""
+        r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+        c = (tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
+        inside = (r[:, None] < R) & (c[None, :] < C)
+        tile = tl.load(src_ptr + r[:, None] * C + c[None, :], mask=inside)
+        tl.store(dst_ptr + c[:, None] * R + r[None, :], tl.trans(tile), mask=tl.trans(inside))
+
+    @triton.jit
+    def _add_into_fp32_kernel(acc_ptr, g_ptr, n, BLOCK: tl.constexpr):
+        """acc[i] += g[i] for fp32 acc and a narrower g, in one pass over both."""
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        live = i < n
+        acc = tl.load(acc_ptr + i, mask=live)
+        tl.store(acc_ptr + i, acc + tl.load(g_ptr + i, mask=live).to(tl.float32), mask=live)
+
+    @triton.jit
+    def _qk_rows(x_ptr, cos_ptr, sin_ptr, R, T, sx_b, sx_t, sx_h, eps, HEADS: tl.constexpr, D: tl.constexpr,
+                 BLOCK_R: tl.constexpr, PAIRED: tl.constexpr):
+        """What both QK-norm + rotary kernels start with, for this program's rows r = (b, t, head) of x
+        (B, T, HEADS, D): each row's two halves in fp32 and its rms_norm factor, its position's cos and sin
+        (position t, or 2t + head % 2 for paired heads), and where the rows are."""
+        HALF: tl.constexpr = D // 2
+        r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+        live = (r < R)[:, None]
+        tok, head = r // HEADS, r % HEADS
+        b, t = tok // T, tok % T
+        if PAIRED:
+            pos = 2 * t + head % 2
+        else:
+            pos = t
+        j = tl.arange(0, HALF)[None, :]
+        at_x = x_ptr + (b * sx_b + t * sx_t + head * sx_h)[:, None] + j
+        x1 = tl.load(at_x, mask=live, other=0.0).to(tl.float32)
+        x2 = tl.load(at_x + HALF, mask=live, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
+        c = tl.load(cos_ptr + pos[:, None] * HALF + j, mask=live, other=0.0)
+        s = tl.load(sin_ptr + pos[:, None] * HALF + j, mask=live, other=0.0)
+        return x1, x2, rstd, c, s, r, b, t, head, live, j
+
+    @triton.jit
+    def _qk_norm_rotary_fwd(x_ptr, cos_ptr, sin_ptr, scale_ptr, y_ptr, R, T, sx_b, sx_t, sx_h, eps,
+                            HEADS: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr, PAIRED: tl.constexpr,
+                            SCALED: tl.constexpr):
+        """Rows r = (b, t, head) of x (B, T, HEADS, D), strides (sx_b, sx_t, sx_h, 1), into y (B, T, HEADS, D)
+        contiguous: y = rotary(rms_norm(x)) (times the scale if SCALED), the normed row rounded to bf16 before
+        it is turned, as norm() hands it to rotary(). Each row is read once, as its two halves."""
+        x1, x2, rstd, c, s, r, _, _, _, live, j = _qk_rows(x_ptr, cos_ptr, sin_ptr, R, T, sx_b, sx_t, sx_h, eps,
+                                                           HEADS, D, BLOCK_R, PAIRED)
+        n1 = (x1 * rstd).to(tl.bfloat16).to(tl.float32)
+        n2 = (x2 * rstd).to(tl.bfloat16).to(tl.float32)
+        y1, y2 = n1 * c + n2 * s, n2 * c - n1 * s
+        if SCALED:
+            scale = tl.load(scale_ptr)
+            y1, y2 = y1 * scale, y2 * scale
+        dst = y_ptr + r[:, None] * D + j
+        tl.store(dst, y1.to(tl.bfloat16), mask=live)
+        tl.store(dst + D // 2, y2.to(tl.bfloat16), mask=live)
+
+    @triton.jit
+    def _qk_norm_rotary_bwd(x_ptr, g_ptr, cos_ptr, sin_ptr, scale_ptr, dx_ptr, R, T, sx_b, sx_t, sx_h, sg_b, sg_t,
+                            sg_h, sd_b, sd_t, sd_h, eps, HEADS: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr,
+                            PAIRED: tl.constexpr, SCALED: tl.constexpr):
+        """dx (strides sd_*) for the rows of _qk_norm_rotary_fwd, given g = dL/dy (strides sg_*). As autograd
+        computes it: the scale and the rotary's transpose in fp32, rounded to bf16 (the grad of norm()'s bf16
+        output), then rms_norm's backward dx = rstd (gn - n mean(gn n)), n = x rstd unrounded."""
+        HALF: tl.constexpr = D // 2
+        x1, x2, rstd, c, s, _, b, t, head, live, j = _qk_rows(x_ptr, cos_ptr, sin_ptr, R, T, sx_b, sx_t, sx_h, eps,
+                                                              HEADS, D, BLOCK_R, PAIRED)
+        at_g = g_ptr + (b * sg_b + t * sg_t + head * sg_h)[:, None] + j
+        at_d = dx_ptr + (b * sd_b + t * sd_t + head * sd_h)[:, None] + j
+        g1 = tl.load(at_g, mask=live, other=0.0).to(tl.float32)
+        g2 = tl.load(at_g + HALF, mask=live, other=0.0).to(tl.float32)
+        if SCALED:
+            scale = tl.load(scale_ptr)
+            g1, g2 = g1 * scale, g2 * scale
+        gn1 = (g1 * c - g2 * s).to(tl.bfloat16).to(tl.float32)
+        gn2 = (g1 * s + g2 * c).to(tl.bfloat16).to(tl.float32)
+        n1, n2 = x1 * rstd, x2 * rstd
+        dot = ((tl.sum(gn1 * n1, 1) + tl.sum(gn2 * n2, 1)) / D)[:, None]
+        tl.store(at_d, (rstd * (gn1 - n1 * dot)).to(tl.bfloat16), mask=live)
+        tl.store(at_d + HALF, (rstd * (gn2 - n2 * dot)).to(tl.bfloat16), mask=live)
 
 
 if __name__ == "__main__":

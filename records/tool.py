@@ -4,6 +4,7 @@
     python records/tool.py compare records/A records/B                    # two arms: mean +- std, Welch's t-test
     python records/tool.py plot records/A records/B -o curve.png          # val loss vs time and vs step
     python records/tool.py diff LOG [--against train_gpt.py | OTHER_LOG]   # what code produced this log
+    python records/tool.py source LOG -o FILE                              # write the script a log embeds
     python records/tool.py bench OURS_LOG BASELINE_LOG                     # tokens/s, MFU, time-to-loss speedup
     python records/tool.py readme                                          # rewrite records/README.md's table
 
@@ -25,7 +26,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from train_gpt import SOURCE_END, hyperparameters_from, window_blocks, MASK_BLOCK  # noqa: E402
+from train_gpt import (MASK_BLOCK, SOURCE_END, batch_seqs_at, hyperparameters_from,  # noqa: E402
+                       windows_at)
 
 RECORDS = REPO / "records"
 PAIR = re.compile(r"(\w+):(\S+)")
@@ -51,9 +53,10 @@ class Run:
     resumed_at: list = field(default_factory=list)
     error: str = ""
 
-    @property
-    def tokens_per_step(self) -> int:
-        return self.config.get("tokens_per_step") or self.config["seq_len"] * self.config["batch_seqs"]
+    def tokens_through(self, step: int) -> int:
+        """Training tokens in the first `step` steps: train_gpt.py's batches grow by a schedule (batch_seqs a
+        list); older logs and the baseline's have one batch size."""
+        return tokens_through(self.config, step)
 
     @property
     def final(self):
@@ -65,6 +68,13 @@ class Run:
         if self.final[0] == self.num_steps:
             return "done"
         return "stopped_early" if self.reached_target is not None and not self.error else "incomplete"
+
+
+def tokens_through(cfg: dict, step: int) -> int:
+    if isinstance(cfg.get("batch_seqs"), list):
+        hp = hyperparameters_from(cfg)
+        return sum(batch_seqs_at(s, hp) for s in range(step)) * hp.seq_len
+    return step * (cfg.get("tokens_per_step") or cfg["seq_len"] * cfg["batch_seqs"])
 
 
 def parse_log(path) -> Run:
@@ -162,7 +172,7 @@ def summary(paths, target: float) -> str:
         if r.extra.get("warning") == "resumed_with_changed_source":
             status += " (resumed with a changed train_gpt.py: see its log)"
         lines.append(f"{r.path.name:<40} {f'{step}/{r.num_steps}':>9} {loss:>9.4f} {ms / 1000:>9.1f}s "
-                     f"{step * r.tokens_per_step:>14,} {r.extra.get('peak_memory', '-'):>10}  {status}")
+                     f"{r.tokens_through(step):>14,} {r.extra.get('peak_memory', '-'):>10}  {status}")
     losses = [r.final[1] for r in runs]
     (lm, ls), (tm, ts) = mean_std(losses), mean_std([r.final[2] / 1000 for r in runs])
     lines.append(f"runs:{len(runs)} val_loss:{lm:.4f}+-{ls:.4f} train_time:{tm:.1f}+-{ts:.1f}s")
@@ -177,9 +187,25 @@ def summary(paths, target: float) -> str:
     return "\n".join(lines)
 
 
+def ratio_ci(a: list, b: list, level: float = 0.95):
+    """mean(b) / mean(a) and its confidence interval by the delta method: the ratio's relative variance is the
+    sum of the two means' (sample variance / n / mean^2), with Student's t at the smaller arm's n - 1 degrees of
+    freedom (conservative for 3 runs an arm). None for the interval with fewer than 2 runs in an arm."""
+    ma, mb = float(np.mean(a)), float(np.mean(b))
+    r = mb / ma
+    if min(len(a), len(b)) < 2:
+        return r, None
+    from scipy import stats
+    rel = (np.var(a, ddof=1) / len(a) / ma**2 + np.var(b, ddof=1) / len(b) / mb**2) ** 0.5
+    t = stats.t.ppf(0.5 + level / 2, min(len(a), len(b)) - 1)
+    return r, (r * (1 - t * rel), r * (1 + t * rel))
+
+
 def compare(a, b) -> str:
-    """Final val loss of two arms (folders of logs): mean +- std of each and Welch's two-sided t-test of the
-    difference, for ablations (same shards, schedule and val tokens; different code, flags or seeds)."""
+    """Two arms (folders of logs): final val loss mean +- std of each and Welch's two-sided t-test of the
+    difference; then, against the first arm's mean final val loss, each run's training time to reach it (its
+    first val at or below it) and the ratio of the arms' means with a 95% interval; and the ratio of their
+    training ms per million tokens."""
     lines, arms = [], []
     for path in (a, b):
         runs = load_runs([path], warn=lines.append)
@@ -190,28 +216,59 @@ def compare(a, b) -> str:
         m, sd = mean_std(losses)
         lines.append(f"{str(path):<50} runs:{len(runs)} val_loss:{m:.4f}+-{sd:.4f} "
                      f"({', '.join(f'{x:.4f}' for x in losses)}) step_avg:{mean_std([r.final[2] / r.final[0] for r in runs])[0]:.1f}ms")
-        arms.append(losses)
-    diff = float(np.mean(arms[1]) - np.mean(arms[0]))
-    if min(map(len, arms)) < 2:
-        return "\n".join(lines + [f"difference (second - first): {diff:+.4f}; the t-test needs 2 runs per arm"])
-    from scipy import stats
-    p = float(stats.ttest_ind(arms[1], arms[0], equal_var=False).pvalue)
-    lines.append(f"difference (second - first): {diff:+.4f}, Welch's t-test p={p:.4g} (two-sided)")
+        arms.append(runs)
+    finals = [[r.final[1] for r in runs] for runs in arms]
+    diff = float(np.mean(finals[1]) - np.mean(finals[0]))
+    if min(map(len, finals)) < 2:
+        lines.append(f"difference (second - first): {diff:+.4f}; the t-test needs 2 runs per arm")
+    else:
+        from scipy import stats
+        p = float(stats.ttest_ind(finals[1], finals[0], equal_var=False).pvalue)
+        lines.append(f"difference (second - first): {diff:+.4f}, Welch's t-test p={p:.4g} (two-sided)")
+    target = float(np.mean(finals[0]))
+    reach = [[None if (t := first_val_at_or_below(r, target)) is None else t / 1000 for r in runs] for runs in arms]
+    for path, times in zip((a, b), reach):
+        shown = ", ".join("never" if t is None else f"{t:.1f}s" for t in times)
+        lines.append(f"time to val {target:.4f} (the first arm's mean final): {Path(path).name}: {shown}")
+    if all(t is not None for times in reach for t in times):
+        r, ci = ratio_ci(*reach)
+        lines.append(f"time-to-loss ratio (second / first): {r:.3f}" + (f" (95% interval {ci[0]:.3f}..{ci[1]:.3f})"
+                                                                          if ci else ""))
+    else:
+        lines.append("time-to-loss ratio: not every run of both arms reached it")
+    per_m = [[r.final[2] / (r.tokens_through(r.final[0]) / 1e6) for r in runs] for runs in arms]
+    r, ci = ratio_ci(*per_m)
+    lines.append(f"ms per 1M training tokens: {np.mean(per_m[0]):.1f} and {np.mean(per_m[1]):.1f}, ratio {r:.3f}"
+                 + (f" (95% interval {ci[0]:.3f}..{ci[1]:.3f})" if ci else ""))
     return "\n".join(lines)
+
+
+def first_val_at_or_below(run: Run, loss: float):
+    """Training ms at the run's first validation at or below `loss`; None if none is."""
+    return next((ms for _, val, ms in run.val if val <= loss), None)
 
 
 def flops_per_token(cfg: dict) -> tuple[float, str]:
     """Training FLOPs per token: 6*N over the matmul weights (embedding lookups excluded, lm_head included)
-    plus attention's 12*d*K per layer, K = keys a query sees on average. For train_gpt.py K is taken as half
-    the layer's window averaged over the schedule: an upper bound, since document masking cuts it further."""
+    plus attention's 12*d*K per layer, K = keys a query sees on average, taken as half the layer's window
+    (averaged over the training tokens): an upper bound, since document masking cuts it further. Paired heads
+    attend over twice the positions with half the heads: the same count."""
     if "batch_tokens" in cfg:
         cfg = {**BASELINE_MODEL, **cfg}
     L, d, V = cfg["num_layers"], cfg["model_dim"], cfg["vocab_size"]
     attn_layers = [i for i in range(L) if i not in cfg.get("no_attn_layers", [])]
     n = len(attn_layers) * 4 * d * d + L * 8 * d * d + V * d
-    if "max_window" in cfg:  # train_gpt.py: sliding windows, long on some layers, half on the rest
+    if "windows" in cfg:  # train_gpt.py since the 2026-01-19 recipe: token windows, long and short, by stage
         hp = hyperparameters_from(cfg)
-        mean_w = statistics.mean(window_blocks(s, hp) * MASK_BLOCK for s in range(hp.num_steps))
+        steps = range(hp.num_steps)
+        weights = [batch_seqs_at(s, hp) for s in steps]
+        short, long = (sum(w * windows_at(s, hp)[j] * MASK_BLOCK for s, w in zip(steps, weights)) / sum(weights)
+                       for j in (0, 1))
+        keys = sum(long / 2 if i in cfg["long_window_layers"] else short / 2 for i in attn_layers)
+        how = f"6*{n / 1e6:.1f}M + 12*{d}*(sum over layers of window/2; mean windows {short:.0f}, {long:.0f})"
+    elif "max_window" in cfg:  # the Aug 2025 recipe: a window growing by 128-token blocks, half on most layers
+        N = cfg["num_steps"]
+        mean_w = statistics.mean(max(1, -(-(cfg["max_window"] - 64) * s // (128 * N))) * 128 for s in range(N))
         keys = sum(mean_w / 2 if i in cfg["long_window_layers"] else mean_w / 4 for i in attn_layers)
         how = f"6*{n / 1e6:.1f}M + 12*{d}*(sum over layers of window/2; mean window {mean_w:.0f})"
     else:  # dense causal attention over seq_len
@@ -242,10 +299,10 @@ def bench(ours_path, base_path, peak_tflops: float) -> str:
     for name, r in [("ours", ours), ("baseline", base)]:
         step, loss, ms = r.final
         step_avg = ms / step
-        tps = r.tokens_per_step / (step_avg / 1000)
+        tps = r.tokens_through(step) / (ms / 1000)
         fpt, how = flops_per_token(r.config)
         mfu = fpt * tps / (peak_tflops * 1e12)
-        lines.append(f"{name:<10} {step:>6} {step * r.tokens_per_step:>12,} {loss:>9.4f} {step_avg:>8.1f}ms "
+        lines.append(f"{name:<10} {step:>6} {r.tokens_through(step):>12,} {loss:>9.4f} {step_avg:>8.1f}ms "
                      f"{tps:>10,.0f} {mfu:>6.1%} {r.extra.get('peak_memory', '-'):>10} "
                      f"{r.extra.get('warmup_time', '-'):>9}")
         lines.append(f"{'':<10} FLOPs/token = {how} = {fpt / 1e9:.3f} GFLOP; MFU vs {peak_tflops:.0f} TFLOP/s")
@@ -342,6 +399,9 @@ def main(argv=None) -> int:
     df.add_argument("log", help="a log written by train_gpt.py or the baseline")
     df.add_argument("--against", help="a script or another log (default: the script that wrote such a log: "
                                       "train_gpt.py, or records/baseline/train_gpt2.py for a baseline log)")
+    so = sub.add_parser("source", help="write the script a log embeds (to re-run an older recipe)")
+    so.add_argument("log", help="a log written by train_gpt.py or the baseline")
+    so.add_argument("-o", "--out", type=Path, required=True, help="file to write")
     b = sub.add_parser("bench", help="proxy benchmark: ours vs baseline")
     b.add_argument("ours", help="train_gpt.py's log")
     b.add_argument("baseline", help="records/baseline/train_gpt2.py's log")
@@ -357,6 +417,9 @@ def main(argv=None) -> int:
         print(f"wrote {args.out}")
     elif args.cmd == "diff":
         print(diff(args.log, args.against or default_against(args.log)) or "no difference", end="")
+    elif args.cmd == "source":
+        args.out.write_text(source_of(args.log))
+        print(f"wrote {args.out}")
     elif args.cmd == "bench":
         print(bench(args.ours, args.baseline, args.peak_tflops))
     elif args.cmd == "readme":

@@ -1,5 +1,6 @@
-"""CPU tests of train_gpt.py's ops and model, each against an independent reference: a brute-force mask, float64
-attention, torch.optim.Adam, an SVD polar factor, complex-number RoPE, the record's layout written out."""
+"""CPU tests of train_gpt.py's ops, model and optimizer math, each against an independent reference: a brute-force
+mask, float64 attention, complex-number RoPE, YaRN and NorMuon written from their descriptions, an SVD polar
+factor, torch.optim.Adam, a float64 forward pass of the whole model, and the 2026-01-19 record's constants."""
 import dataclasses
 import json
 import math
@@ -18,17 +19,15 @@ BLOCK = 128
 
 # ---- attention mask: brute force from the definition
 
-def reference_mask(tokens: np.ndarray, window: int) -> np.ndarray:
-    """Position by position: query q sees key k if k <= q, no document starts after k and at or before q
-    (documents start at <|endoftext|>), and k's 128-token block is fewer than `window` blocks before q's."""
-    T = len(tokens)
-    doc_start, start = np.zeros(T, dtype=np.int64), 0
-    for i, tok in enumerate(tokens):
-        if tok == BOS:
-            start = i
-        doc_start[i] = start
-    q, k = np.arange(T)[:, None], np.arange(T)[None, :]
-    return (k <= q) & (k >= doc_start[:, None]) & (q // BLOCK - k // BLOCK < window)
+def reference_mask(tokens: np.ndarray, window: int, paired: bool = False) -> np.ndarray:
+    """Position by position: query q sees key k if k <= q, both lie in one document (documents start at
+    <|endoftext|>) and q - k <= window (the record's FlashAttention window). Paired heads attend over a sequence
+    twice as long, positions 2t and 2t + 1 belonging to token t."""
+    doc = np.cumsum(tokens == BOS)
+    if paired:
+        doc = np.repeat(doc, 2)
+    q, k = np.arange(len(doc))[:, None], np.arange(len(doc))[None, :]
+    return (k <= q) & (doc[k] == doc[q]) & (q - k <= window)
 
 
 def token_layouts(T: int, seed: int) -> dict:
@@ -51,7 +50,9 @@ def token_layouts(T: int, seed: int) -> dict:
     return layouts
 
 
-CASES = [(1024, w) for w in (1, 2, 3, 5, 8)] + [(4096, w) for w in (16, 30)]
+def first_of(tokens: np.ndarray, window: int, paired: bool = False):
+    starts = tg.document_starts(torch.from_numpy(tokens))
+    return tg.first_visible(tg.interleaved_starts(starts) if paired else starts, torch.tensor(window))
 
 
 def expand_block_mask(bm, T: int) -> torch.Tensor:
@@ -69,131 +70,156 @@ def expand_block_mask(bm, T: int) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("T,window", CASES)
-def test_dense_and_block_masks_equal_brute_force(T, window):
+CASES = [(1024, w, False) for w in (0, 127, 128, 300, 640)] + [(4096, w, False) for w in (1792, 2560)] + \
+        [(512, w, True) for w in (0, 256, 641)] + [(1024, 1408, True)]
+
+
+@pytest.mark.parametrize("T,window,paired", CASES)
+def test_dense_and_block_masks_equal_brute_force(T, window, paired):
     for name, tokens in token_layouts(T, window).items():
-        want = torch.from_numpy(reference_mask(tokens, window))
-        starts, w = tg.document_starts(torch.from_numpy(tokens)), torch.tensor(window)
-        assert torch.equal(tg.dense_attention_mask(tg.first_visible(starts, w)), want), name
-        bm = tg.block_attention_mask(tg.first_visible(starts, w))
-        assert torch.equal(expand_block_mask(bm, T), want), name
+        want = torch.from_numpy(reference_mask(tokens, window, paired))
+        first = first_of(tokens, window, paired)
+        assert torch.equal(tg.dense_attention_mask(first), want), name
+        bm = tg.block_attention_mask(first)
+        assert torch.equal(expand_block_mask(bm, len(want)), want), name
         # what backward walks, per key block the query blocks, against torch's own transpose of the kv layout
         ref = BlockMask.from_kv_blocks(bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices,
                                        BLOCK_SIZE=BLOCK)
-        for field in ["q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"]:
-            ours, torchs = getattr(bm, field), getattr(ref, field)
-            assert ours.dtype == torchs.dtype and torch.equal(ours, torchs), (name, field)
+        for counts, indices in [("q_num_blocks", "q_indices"), ("full_q_num_blocks", "full_q_indices")]:
+            ours_n, torch_n = getattr(bm, counts), getattr(ref, counts)
+            assert ours_n.dtype == torch_n.dtype == torch.int32 and torch.equal(ours_n, torch_n), (name, counts)
+            ours_i, torch_i = getattr(bm, indices), getattr(ref, indices)
+            assert ours_i.dtype == torch.int32 and ours_i.shape == torch_i.shape
+            for kb, n in enumerate(ours_n[0, 0].tolist()):  # the listed blocks; the rest is never read
+                assert torch.equal(ours_i[0, 0, kb, :n], torch_i[0, 0, kb, :n]), (name, indices, kb)
 
 
-def test_block_masks_are_built_without_sorts_or_reductions():
-    """Compiled, a stable argsort becomes a Triton sort whose cold compile took the training graph from 51 to
-    115 s on an H200 (pytorch issue 182060); cumsums and row sums over the 384 blocks, fused with the block
-    comparisons, failed inductor's codegen on torch 2.11. The BlockMask's layouts come from a matmul and a
-    scatter: pointwise kernels and one GEMM."""
+def test_block_masks_are_built_without_sorts_reductions_or_matmuls():
+    """Compiled, a sort becomes a Triton sort whose cold compile took the training graph from 51 to 115 s on an
+    H200 (pytorch issue 182060); reductions over the blocks, fused with the block comparisons, failed inductor's
+    codegen on torch 2.11; a matmul over the blocks is cubic in the 4096 blocks of a paired val sequence. The
+    BlockMask's layouts come from elementwise ops and searchsorted."""
     from torch.fx.experimental.proxy_tensor import make_fx
     tokens = torch.from_numpy(token_layouts(1024, 3)["random"])
     build = lambda d, w: tg.block_attention_mask(tg.first_visible(d, w)).as_tuple()[2:10]  # noqa: E731
-    graph = make_fx(build)(tg.document_starts(tokens), torch.tensor(3))
+    graph = make_fx(build)(tg.document_starts(tokens), torch.tensor(300))
     ops = {str(n.target) for n in graph.graph.nodes if n.op == "call_function"}
-    assert "aten.scatter.src" in ops and not [op for op in ops if "sort" in op or "cumsum" in op
-                                              or op.startswith(("aten.sum", "aten.amax", "aten.any"))], ops
+    assert "aten.searchsorted.Tensor" in ops
+    banned = [op for op in ops if "sort" in op.replace("searchsorted", "") or "cumsum" in op or "mm" in op
+              or op.startswith(("aten.sum", "aten.amax", "aten.any", "aten.matmul"))]
+    assert not banned, banned
 
 
-def reference_attention(q, k, v, mask, scale):
-    """Softmax attention in float64 over (T, heads, dim) with a (T, T) bool mask."""
-    scores = torch.einsum("qhd,khd->hqk", q.double(), k.double()) * scale
+def reference_attention(q, k, v, mask):
+    """Softmax attention in float64 over (T, heads, dim) with a (T, T) bool mask, at unit scale."""
+    scores = torch.einsum("qhd,khd->hqk", q.double(), k.double())
     scores = scores.masked_fill(~mask, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.double())
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # eager on purpose
-@pytest.mark.parametrize("T,window", [(1024, 1), (1024, 3), (4096, 30)])
+@pytest.mark.parametrize("T,window", [(1024, 0), (1024, 300), (4096, 1792)])
 def test_flex_and_sdpa_paths_equal_reference_attention(T, window):
     """Both ways attention() runs, FlexAttention with the BlockMask (the GPU path) and SDPA with the dense mask
     (the CPU path), against float64 attention with the brute-force mask."""
     gen = torch.Generator().manual_seed(window)
     tokens = token_layouts(T, window)["random"]
-    starts, w = tg.document_starts(torch.from_numpy(tokens)), torch.tensor(window)
-    q, k, v = (torch.randn(1, T, 2, 16, generator=gen) for _ in range(3))
-    want = reference_attention(q[0], k[0], v[0], torch.from_numpy(reference_mask(tokens, window)), 0.12)
-    block_mask = tg.block_attention_mask(tg.first_visible(starts, w))
-    flex = flex_attention(*(t.transpose(1, 2) for t in (q, k, v)), block_mask=block_mask, scale=0.12).transpose(1, 2)
-    sdpa = tg.attention(q, k, v, tg.attention_mask(starts, w), 0.12)
+    first = first_of(tokens, window)
+    q, k, v = (torch.randn(1, T, 2, 16, generator=gen) * 0.3 for _ in range(3))
+    want = reference_attention(q[0], k[0], v[0], torch.from_numpy(reference_mask(tokens, window)))
+    block_mask = tg.block_attention_mask(first)
+    flex = flex_attention(*(t.transpose(1, 2) for t in (q, k, v)), block_mask=block_mask, scale=1.0).transpose(1, 2)
+    sdpa = tg.attention(q, k, v, tg.attention_mask(first))
     torch.testing.assert_close(flex[0].double(), want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(sdpa[0].double(), want, atol=1e-5, rtol=1e-5)
 
 
-# the record's 12-layer layout (Aug 2025), written out: which layers see the long window, which have no
-# attention, which value-embedding table feeds which layer, and the U-Net skips
-RECORD_LONG = {0, 4, 7, 11}
-RECORD_NO_ATTN = {7}
-RECORD_VE = {0: 0, 1: 1, 2: 2, 9: 0, 10: 1, 11: 2}
-RECORD_SKIPS = {6: 5, 7: 4, 8: 3, 9: 2, 10: 1, 11: 0}  # layer -> the earlier layer whose output it adds
+# ---- the record's 11-layer layout (2026-01-19), written out
+
+RECORD_LONG = {3, 10}
+RECORD_NO_ATTN = {6}
+RECORD_PAIRED = {0, 2, 5, 9}
+RECORD_VE = {0: 1, 1: 2, 8: 0, 9: 1, 10: 2}  # layer -> value-embedding table
+RECORD_SKIP = (3, 6)                          # layer 3's output joins layer 6's input
+RECORD_BACKOUT = 7
+L = 11
 
 
 def record_layout_at_tiny_width(**over):
     args = ["--device", "cpu", "--seq_len", "512", "--val_seq_len", "512", "--val_tokens", "512",
-            "--model_dim", "64", "--num_heads", "2", "--head_dim", "32", "--fp8_head", "0"]
+            "--model_dim", "64", "--num_heads", "2", "--head_dim", "32", "--fp8_head", "0", "--bigram_vocab", "3001"]
     cfg = tg.parse_args(args)
-    assert cfg.num_layers == 12 and set(cfg.long_window_layers) == RECORD_LONG
-    assert set(cfg.no_attn_layers) == RECORD_NO_ATTN
-    return tg.dataclasses.replace(cfg, **over)
+    assert cfg.num_layers == L and set(cfg.long_window_layers) == RECORD_LONG
+    assert set(cfg.no_attn_layers) == RECORD_NO_ATTN and set(cfg.paired_head_layers) == RECORD_PAIRED
+    assert {i: t for i, t in enumerate(cfg.value_embeds) if t >= 0} == RECORD_VE
+    assert tuple(cfg.skip) == RECORD_SKIP and cfg.backout_layer == RECORD_BACKOUT
+    return dataclasses.replace(cfg, **over)
 
 
-def test_each_layer_gets_its_window(monkeypatch):
-    """Long-window layers see the whole window, the others half of it (at least one block)."""
-    cfg = record_layout_at_tiny_width()
-    model = tg.GPT(cfg)
+def test_each_layer_gets_its_window_and_pairing(monkeypatch):
+    """Long-window layers see the long window, the others the short one; paired layers attend over the
+    interleaved sequence of twice the length, with its own document starts."""
+    model = tg.GPT(record_layout_at_tiny_width())
     tokens = token_layouts(512, 0)["random"]
     seen = []
     real = tg.attention
-    monkeypatch.setattr(tg, "attention", lambda q, k, v, mask, scale: seen.append(mask) or real(q, k, v, mask, scale))
-    for window in (1, 3, 4):
+    monkeypatch.setattr(tg, "attention", lambda q, k, v, mask, *a: seen.append(mask) or real(q, k, v, mask, *a))
+    for short, long in [(0, 128), (192, 384), (640, 1408)]:
         seen.clear()
         idx = torch.from_numpy(tokens).int()
-        model(idx, idx, torch.tensor(window))
-        layers = [i for i in range(12) if i not in RECORD_NO_ATTN]
+        model(idx, idx, torch.tensor([short, long]), torch.tensor([1.0, 0.5, 0.25]))
+        layers = [i for i in range(L) if i not in RECORD_NO_ATTN]
         assert len(seen) == len(layers)
         for layer, mask in zip(layers, seen):
-            want = window if layer in RECORD_LONG else max(1, window // 2)
-            assert torch.equal(mask, torch.from_numpy(reference_mask(tokens, want))), (layer, window)
+            want = reference_mask(tokens, long if layer in RECORD_LONG else short, layer in RECORD_PAIRED)
+            assert torch.equal(mask, torch.from_numpy(want)), (layer, short, long)
 
 
-def test_unet_skips_and_value_embeddings_follow_the_record():
-    """Stub blocks that add i+1 to the residual make each layer's input a known constant offset from x0: the
-    offsets check the skips, and value-embedding tables filled with t+1 show which table reached which layer."""
+def test_skip_backout_bigram_and_value_embeddings_follow_the_record():
+    """Stub blocks that add i+1 to the residual and record their inputs: with all mixing weights 1 but x0's 0,
+    each layer's input is a known offset from x0 plus the bigram embedding; tables filled with t+1 show which
+    value embedding reached which layer; the output is the last layer's minus backout x layer 7's."""
     cfg = record_layout_at_tiny_width()
-    model = tg.GPT(cfg)
-    model.embed.float()  # an fp32 residual stream, so the offsets below are exact
+    model = tg.GPT(cfg).float()  # an fp32 residual stream, so the offsets below are exact
     for t, e in enumerate(model.value_embeds):
         e.weight.data.fill_(t + 1)
-    model.skip_weights.data = torch.tensor([0.5, 0.25, 2.0, 3.0, 0.75, 1.5])
+    model.bigram_embed.weight.data.fill_(0.25)
+    resid, _, bigram_w, _, _, _ = model.lambdas()
+    with torch.no_grad():
+        resid.fill_(1.0)
+        bigram_w.fill_(1.0)
+        model.scalars[4 * L + 1] = 0.5   # backout
+        model.scalars[4 * L + 2] = 0.0   # skip weight: 2 sigmoid(0) = 1, times the zero-init gate's 0.5
     calls = {}
 
     class Stub(nn.Module):
-        def __init__(self, i, long_window):
+        def __init__(self, i, block):
             super().__init__()
-            self.i, self.long_window = i, long_window
+            self.i, self.long_window, self.paired, self.attn = i, block.long_window, block.paired, block.attn
 
-        def forward(self, x, x0, ve, mask, skip=None):
-            if skip is not None:  # (weight, earlier output): the block adds it to its input first
+        def forward(self, x, x0, bigram, mix, ve, masks, rot, sa, flex_options=None, skip=None):
+            if skip is not None:
                 x = x + skip[0] * skip[1]
+            x = mix[0] * x + mix[1] * x0 + mix[2] * bigram
             calls[self.i] = (x.clone(), x0, None if ve is None else ve.float().mean().item())
             return x + (self.i + 1)
 
-    model.blocks = nn.ModuleList(Stub(i, b.long_window) for i, b in enumerate(model.blocks))
+    model.blocks = nn.ModuleList(Stub(i, b) for i, b in enumerate(model.blocks))
     idx = torch.randint(0, 50257, (256,), dtype=torch.int32)
-    model(idx, idx, torch.tensor(1))
+    out = model.hidden(idx, torch.tensor([128, 256]))
     x0 = calls[0][1]
-    outputs, a, c = {}, 1.0, 0.0  # a layer's input is a * x0 + c
-    for i in range(12):
-        if i in RECORD_SKIPS:
-            w, (aj, cj) = model.skip_weights[RECORD_SKIPS[i]].item(), outputs[RECORD_SKIPS[i]]
-            a, c = a + w * aj, c + w * cj
+    a, c, outputs = 1.0, 0.0, {}  # a layer's input is a * x0 + c
+    for i in range(L):
+        if i == RECORD_SKIP[1]:
+            aj, cj = outputs[RECORD_SKIP[0]]
+            a, c = a + 0.5 * aj, c + 0.5 * cj
+        c += 0.25  # the bigram embedding, weight 1
         torch.testing.assert_close(calls[i][0], a * x0 + c, msg=f"layer {i}")
         assert calls[i][2] == (RECORD_VE[i] + 1 if i in RECORD_VE else None), i
         c += i + 1
         outputs[i] = (a, c)
+    a7, c7 = outputs[RECORD_BACKOUT]
+    torch.testing.assert_close(out, (a - 0.5 * a7) * x0 + (c - 0.5 * c7))
 
 
 # ---- the whole forward pass against a float64 reference written from the record's description
@@ -202,146 +228,247 @@ def ref_rms(x: torch.Tensor) -> torch.Tensor:
     return x / x.pow(2).mean(-1, keepdim=True).sqrt()
 
 
-def ref_rope(x: torch.Tensor) -> torch.Tensor:
-    """(T, heads, d): dims j and j+d/2 as one complex number turned by -pos*f_j; f_j = (1/1024)^(j/(d/4-1)) for
-    the first d/4 pairs, 0 for the other d/4."""
-    T, d = x.size(0), x.size(-1)
-    f = torch.cat([(1 / 1024) ** torch.linspace(0, 1, d // 4, dtype=torch.float64),
-                   torch.zeros(d // 4, dtype=torch.float64)])
-    turn = torch.exp(-1j * torch.arange(T, dtype=torch.float64)[:, None, None] * f)
-    z = torch.complex(x[..., :d // 2], x[..., d // 2:]) * turn
+def ref_yarn(d: int, stages: list) -> tuple:
+    """RoPE frequencies f_j = (1/1024)^(j/(d/4-1)) for j < d/4 and 0 for the other d/4 pairs; at each window
+    growth old -> new (in 128-token blocks) each f_j is scaled by s + w (1 - s), s = old/new, w = the number of
+    turns f_j makes over the old window, less 1, over 31, clamped to [0, 1]; the attention scale starts at 0.1
+    and grows by 1 + 0.2 ln(new/old)."""
+    f = torch.tensor([(1 / 1024) ** (j / (d // 4 - 1)) for j in range(d // 4)] + [0.0] * (d // 4),
+                     dtype=torch.float64)
+    scale = 0.1
+    for old, new in zip(stages, stages[1:]):
+        w = ((128 * old * f / (2 * math.pi) - 1) / 31).clamp(0, 1)
+        f = f * (old / new + w * (1 - old / new))
+        scale *= 1 + 0.2 * math.log(new / old)
+    return f, scale
+
+
+def ref_rope(x: torch.Tensor, f: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """(T, heads, d): dims j and j+d/2 as one complex number turned by -pos * f_j; pos is (T, heads)."""
+    d = x.size(-1)
+    z = torch.complex(x[..., :d // 2], x[..., d // 2:]) * torch.exp(-1j * pos[..., None].double() * f)
     return torch.cat([z.real, z.imag], -1)
 
 
-def ref_attention(P: dict, i: int, h: torch.Tensor, ve, visible: torch.Tensor, heads: int) -> torch.Tensor:
-    """Layer i's attention on its normed input h (T, dim), brute force: per head softmax(0.12 q.k) over the
-    visible keys, QK rms-normed then turned, v = l0 v (+ l1 ve), each head's output times sigmoid of a linear
-    map of h's first 12 dims, then the output projection."""
+def ref_bigram(ids: np.ndarray, rows: int) -> list:
+    """Python ints: position 0 gets row rows-1; position i ((36313 * token) xor (27191 * previous)) mod (rows-1)."""
+    return [rows - 1] + [((36313 * int(ids[i])) ^ (27191 * int(ids[i - 1]))) % (rows - 1) for i in range(1, len(ids))]
+
+
+def ref_attention(P, i, h, ve, tokens, window, heads, f, scale):
+    """Layer i's attention on its normed input h (T, dim), brute force: QK rms-normed then turned (paired heads:
+    head j of token t at position 2t + j mod 2), q times the scale; keys of long-window layers take their
+    predecessor's values in the dims RoPE leaves still; v times the layer's first attention scalar, plus the
+    value embedding times 2 sigmoid of its gate; paired heads attend over heads 0..H/2-1 of token t at position
+    2t and the rest at 2t+1; each head's output times sigmoid of its gate, then the output projection times the
+    layer's second attention scalar."""
     T, dim = h.shape
+    D, paired = dim // heads, i in RECORD_PAIRED
     W = P[f"blocks.{i}.attn.qkvo_w"]
-    q, k, v = ((h @ W[j].T).view(T, heads, dim // heads) for j in range(3))
-    q, k = ref_rope(ref_rms(q)), ref_rope(ref_rms(k))
-    lam = P[f"blocks.{i}.attn.v_lambdas"]
-    v = lam[0] * v + (lam[1] * ve.view(T, heads, -1) if ve is not None else 0)
-    scores = torch.einsum("qhd,khd->hqk", q, k) * 0.12
-    p = scores.masked_fill(~visible, float("-inf")).softmax(-1)
-    y = torch.einsum("hqk,khd->qhd", p, v)
-    gate = torch.sigmoid(h[:, :12] @ P[f"blocks.{i}.attn.gate_w"].T)  # (T, heads)
-    return (y * gate[..., None]).reshape(T, dim) @ W[3].T
+    sa = P["scalars"][L + 2 * i:L + 2 * i + 2]
+    q, k, v = ((h @ W[j].T).view(T, heads, D) for j in range(3))
+    pos = torch.arange(T)[:, None] * (2 if paired else 1) + (torch.arange(heads) % 2 if paired else 0)
+    q, k = ref_rope(ref_rms(q), f, pos) * scale, ref_rope(ref_rms(k), f, pos)
+    if i in RECORD_LONG and not paired:
+        still = torch.tensor([f[j % (D // 2)] == 0 for j in range(D)])
+        k = torch.where(still, torch.cat([k[:1], k[:-1]]), k)
+    v = sa[0] * v
+    if ve is not None:
+        v = v + 2 * torch.sigmoid(h[:, :12] @ P[f"blocks.{i}.attn.ve_gate_w"].T)[..., None] * ve.view(T, heads, D)
+    if paired:
+        q, k, v = (t.reshape(2 * T, heads // 2, D) for t in (q, k, v))
+    visible = torch.from_numpy(reference_mask(tokens, window, paired))
+    scores = torch.einsum("qhd,khd->hqk", q, k).masked_fill(~visible, float("-inf"))
+    y = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(T, heads, D)
+    y = y * torch.sigmoid(h[:, :12] @ P[f"blocks.{i}.attn.gate_w"].T)[..., None]
+    return sa[1] * (y.reshape(T, dim) @ W[3].T)
 
 
-def ref_hidden(P: dict, idx: np.ndarray, window: int, heads: int) -> torch.Tensor:
-    """The record's 12 layers (RECORD_* above): x0 = rmsnorm(embedding); each layer first adds its U-Net skip
-    (weight * an earlier layer's output), mixes l0 x + l1 x0, then adds attention and a ReLU^2 MLP of
-    pre-normed inputs."""
-    ids = torch.from_numpy(idx).long()
-    x = x0 = ref_rms(P["embed.weight"][ids])
+def ref_hidden(P: dict, tokens: np.ndarray, short: int, long: int, stages: list, heads: int) -> torch.Tensor:
+    """The record's 11 layers: x = embedding, each token plus smear x sigmoid(gate) x its predecessor's; x0 =
+    rmsnorm(x); each layer's input resid_i x + x0w_i x0 + bigram_i B (B the bigram hash embedding), layer 6's
+    first plus 2 sigmoid(skip) sigmoid(gate of x0) x layer 3's output; attention and a ReLU^2 MLP of pre-normed
+    inputs added; the output is the last layer's less backout x layer 7's."""
+    ids = torch.from_numpy(tokens).long()
+    s = P["scalars"]
+    resid, bigram_w, (smear, backout, skip) = s[:L], s[3 * L:4 * L], s[4 * L:4 * L + 3]
+    x = P["embed.weight"][ids]
+    x = torch.cat([x[:1], x[1:] + smear * torch.sigmoid(x[1:, :12] @ P["smear_gate_w"].T) * x[:-1]])
+    x = x0 = ref_rms(x)
+    bigram = P["bigram_embed.weight"][ref_bigram(tokens, P["bigram_embed.weight"].size(0))]
+    f, scale = ref_yarn(x.size(-1) // heads, stages)
     outputs = {}
-    for i in range(12):
-        if i in RECORD_SKIPS:
-            j = RECORD_SKIPS[i]
-            x = x + P["skip_weights"][j] * outputs[j]
-        lam = P[f"blocks.{i}.lambdas"]
-        x = lam[0] * x + lam[1] * x0
+    for i in range(L):
+        if i == RECORD_SKIP[1]:
+            gate = 2 * torch.sigmoid(skip) * torch.sigmoid(x0[:, :12] @ P["skip_gate_w"].T)
+            x = x + gate * outputs[RECORD_SKIP[0]]
+        x = resid[i] * x + P["x0_lambdas"][i] * x0 + bigram_w[i] * bigram
         if i not in RECORD_NO_ATTN:
             ve = P[f"value_embeds.{RECORD_VE[i]}.weight"][ids] if i in RECORD_VE else None
-            visible = torch.from_numpy(reference_mask(idx, window if i in RECORD_LONG else max(1, window // 2)))
-            x = x + ref_attention(P, i, ref_rms(x), ve, visible, heads)
-        h = ref_rms(x)
-        x = x + torch.relu(h @ P[f"blocks.{i}.mlp.fc_w"]).square() @ P[f"blocks.{i}.mlp.proj_w"].T
+            window = long if i in RECORD_LONG else short
+            x = x + ref_attention(P, i, ref_rms(x), ve, tokens, window, heads, f, scale)
+        x = x + torch.relu(ref_rms(x) @ P[f"blocks.{i}.mlp.fc_w"].T).square() @ P[f"blocks.{i}.mlp.proj_w"]
         outputs[i] = x
-    return x
+    return x - backout * outputs[RECORD_BACKOUT]
 
 
 def randomized_record_model(seed: int) -> "tg.GPT":
     """The record's layout at width 64 in fp32, every parameter random and non-zero, so that the zero-initialised
-    paths (output projections, gates, lm_head) and the lambdas take part."""
+    paths (output projections, gates, value and bigram embeddings) and every scalar take part."""
     gen = torch.Generator().manual_seed(seed)
     model = tg.GPT(record_layout_at_tiny_width()).float()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            scale = 1.0 if p.ndim < 2 or "embed" in name else 1.5 * p.size(-1) ** -0.5
-            p.copy_(torch.randn(p.shape, generator=gen) * scale + (1.0 if name.endswith("lambdas") else 0.0))
+            scale = 1.0 if "embed" in name or "head" in name else 1.5 * p.size(-1) ** -0.5
+            if name in ("scalars", "x0_lambdas"):
+                p.copy_(torch.rand(p.shape, generator=gen) * 0.6 + 0.4)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * scale)
     return model
 
 
-@pytest.mark.parametrize("window", [1, 3])
-def test_model_equals_float64_reference(window):
-    """Hidden states, the loss with the head, and the grads of every kind of parameter against ref_hidden, a float64
-    forward pass written from the record's description (it shares no code with train_gpt.py but the parameter
-    names). At fp32 the model is exact to rounding (1e-5); its head is a bf16 matmul, as the record's, so the
-    reference rounds the head's operands and logits to bf16 too."""
-    model = randomized_record_model(window)
+@pytest.mark.parametrize("short,long,stages", [(0, 300, [1]), (192, 384, [3, 7, 11])])
+def test_model_equals_float64_reference(short, long, stages):
+    """Hidden states, the multi-token loss with the head, and the grads of every parameter against ref_hidden, a
+    float64 forward pass written from the record's description (it shares no code with train_gpt.py but the
+    parameter names). At fp32 the model is exact to rounding (1e-5); its head is a bf16 matmul, as the record's,
+    so the reference rounds the head's operands and logits to bf16 too."""
+    model = randomized_record_model(len(stages))
+    model.rotary.set_stages(stages)
     tokens = token_layouts(513, 0)["random"]
     idx, targets = tokens[:-1], tokens[1:]
     P = {n: p.detach().double().requires_grad_() for n, p in model.named_parameters()}
     R = torch.randn(512, 64, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    want = ref_hidden(P, idx, window, heads=2)
-    got = model.hidden(torch.from_numpy(idx).int(), torch.tensor(window))[0]
+    windows = torch.tensor([short, long])
+    want = ref_hidden(P, idx, short, long, stages, heads=2)
+    got = model.hidden(torch.from_numpy(idx).int(), windows)[0]
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
-    # grads of a random projection of the hidden states: every parameter the blocks read
     (want * R).sum().backward()
     (got.double() * R).sum().backward()
     checked = [n for n, p in model.named_parameters() if n != "head_w"]
-    assert len(checked) > 60
+    assert len(checked) > 50
     for name in checked:
         g, ref = dict(model.named_parameters())[name].grad.double(), P[name].grad
         assert ((g - ref).norm() / ref.norm()).item() < 1e-4, name
-    # the loss: the soft-capped cross-entropy of z = rmsnorm(hidden) @ head_w.T, a bf16 matmul (bf16 operands and
-    # logits) as in the record
+    # the head: z = rmsnorm(hidden) @ head_w.T in bf16, c = 23 sigmoid((z + 5) / 7.5), the next 3 tokens weighted
     z = (ref_rms(want.detach()).bfloat16().double() @ P["head_w"].detach().bfloat16().double().T).bfloat16().double()
-    c = 30 * torch.sigmoid(z / 7.5)
-    want_loss = (torch.logsumexp(c, -1) - c[torch.arange(512), torch.from_numpy(targets).long()]).sum()
-    got_loss = model(torch.from_numpy(idx).int(), torch.from_numpy(targets).int(), torch.tensor(window))
-    assert got_loss.item() == pytest.approx(want_loss.item(), rel=1e-5)
+    c = 23 * torch.sigmoid((z + 5) / 7.5)
+    lse, t = torch.logsumexp(c, -1), torch.from_numpy(targets).long()
+    w = [1.0, 0.5, 0.25]
+    want_loss = sum(w[k] * (lse[:512 - k] - c[torch.arange(512 - k), t[k:]]).sum() for k in range(3))
+    loss, next_token = model(torch.from_numpy(idx).int(), torch.from_numpy(targets).int(), windows,
+                             torch.tensor(w))
+    assert loss.item() == pytest.approx(want_loss.item(), rel=1e-5)
+    assert next_token.item() == pytest.approx((lse - c[torch.arange(512), t]).sum().item(), rel=1e-5)
 
 
-# ---- RoPE, soft-cap, loss
+# ---- RoPE, YaRN, the bigram hash, the key offset
 
-def test_rotary_equals_complex_rotation():
-    """RoPE as the record describes it: dims j and j+d/2 form a complex number rotated by -pos*f_j, with d/4
-    frequencies geometric from 1 to 1/1024 rad/token and d/4 zero ones."""
-    T, d = 300, 32
-    x = torch.randn(1, T, 3, d, dtype=torch.float64)
-    freqs = [1024.0 ** (-j / (d // 4 - 1)) for j in range(d // 4)] + [0.0] * (d // 4)
-    z = torch.complex(x[..., :d // 2], x[..., d // 2:])
-    angle = torch.arange(T, dtype=torch.float64)[:, None] * torch.tensor(freqs, dtype=torch.float64)
-    rotated = z * torch.exp(-1j * angle)[None, :, None, :]
-    want = torch.cat([rotated.real, rotated.imag], dim=-1)
-    got = tg.Rotary(d, T)(x.float())
-    torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
-    # what RoPE is for: q.k depends only on the offset between positions
-    q, k = torch.randn(d).expand(1, T, 1, d), torch.randn(d).expand(1, T, 1, d)
-    rq, rk = tg.Rotary(d, T)(q), tg.Rotary(d, T)(k)
-    assert (rq[0, 50, 0] @ rk[0, 40, 0]).item() == pytest.approx((rq[0, 250, 0] @ rk[0, 240, 0]).item(), rel=1e-4)
+def test_yarn_follows_its_formula():
+    for stages in ([1], [3, 7, 11, 13], [2, 5]):
+        f, scale = tg.yarn(128, stages)
+        want_f, want_scale = ref_yarn(128, stages)
+        torch.testing.assert_close(f.double(), want_f, rtol=1e-6, atol=0)
+        assert scale == pytest.approx(want_scale, rel=1e-12)
+    # the record's stages keep the fastest frequency, slow the slowest by 3/13 in all, and raise the scale 32%
+    f, scale = tg.yarn(128, [3, 7, 11, 13])
+    base, _ = tg.yarn(128, [3])
+    assert f[0] == base[0] and f[31] / base[31] == pytest.approx(3 / 13, rel=1e-6) and f[32:].eq(0).all()
+    assert scale == pytest.approx(0.13178, abs=1e-5)
 
 
-def test_head_loss_equals_softcapped_cross_entropy():
-    """Sum over tokens of logsumexp(c) - c[target], c = 30 sigmoid(z / 7.5), z = rmsnorm(x) @ W.T: the record's
-    head, from its formula in float64 (on the bf16-rounded operands the head multiplies)."""
+@pytest.mark.parametrize("paired", [False, True])
+def test_rotary_equals_complex_rotation(paired):
+    """RoPE as the record describes it: dims j and j+d/2 form a complex number rotated by -pos*f_j (f from
+    YaRN), the position of paired heads 2t + head mod 2; q also times the attention scale."""
+    T, H, d = 300, 4, 32
+    x = torch.randn(1, T, H, d, dtype=torch.float64)
+    rot = tg.Rotary(d, 2 * T)
+    rot.set_stages([3, 7])
+    f, scale = ref_yarn(d, [3, 7])
+    pos = torch.arange(T)[:, None] * (2 if paired else 1) + (torch.arange(H) % 2 if paired else 0) * torch.ones(1, H)
+    want = ref_rope(x[0], f, pos)
+    got = tg.rotary(x.float(), rot.cos, rot.sin, paired)
+    torch.testing.assert_close(got[0].double(), want, atol=1e-4, rtol=1e-4)
+    q, k = tg.norm_rotary_qk(torch.cat([x, x], dim=2).float(), rot, paired)
+    torch.testing.assert_close(q[0].double(), ref_rope(ref_rms(x[0]), f, pos) * scale, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(k[0].double(), ref_rope(ref_rms(x[0]), f, pos), atol=1e-4, rtol=1e-4)
+
+
+def test_bigram_hash_equals_python_integers():
+    ids = np.concatenate([np.random.default_rng(0).integers(0, 50304, 1000), [50303, 50303, 0, 50256]])
+    for rows in (5 * 50304, 3001):
+        got = tg.bigram_hash(torch.from_numpy(ids).int(), rows)
+        assert got.dtype == torch.int32 and got.tolist() == ref_bigram(ids, rows)
+
+
+def test_stationary_keys_take_their_predecessors_values():
+    k = torch.randn(1, 50, 3, 32)
+    got = tg.shift_stationary_keys(k)
+    f, _ = ref_yarn(32, [1])
+    for d in range(32):
+        want = torch.cat([k[:, :1, :, d], k[:, :-1, :, d]], 1) if f[d % 16] == 0 else k[..., d]
+        assert torch.equal(got[..., d], want), d
+
+
+# ---- the head: soft cap, multi-token loss
+
+def ref_head(z: torch.Tensor, targets: torch.Tensor, w: list):
+    """float64 autograd of the multi-token loss of c = 23 sigmoid((z + 5) / 7.5) and the next-token loss."""
+    zz = z.double().requires_grad_()
+    c = 23 * torch.sigmoid((zz + 5) / 7.5)
+    lse, T = torch.logsumexp(c, -1), len(targets)
+    rows = [lse[:T - k] - c[torch.arange(T - k), targets[k:]] for k in range(len(w))]
+    loss = sum(w[k] * torch.nn.functional.pad(rows[k], (0, k)) for k in range(len(w)))
+    loss.sum().backward()
+    return loss.detach(), rows[0].detach(), zz.grad
+
+
+@pytest.mark.parametrize("w", [[1.0, 0.5, 0.25], [1.0, 0.2, 0.0], [1.0, 0.0, 0.0]])
+def test_softcap_ce_equals_its_formula(w):
+    """Per-row losses and dloss/dz against float64 autograd; the FP8 path's grad is e5m2 in units of
+    HEAD_GRAD_SCALE (2 mantissa bits: about 5% rms rounding), transposed copy included; the bf16 path's
+    autograd op returns the exact grad."""
+    gen = torch.Generator().manual_seed(0)
+    z = (torch.randn(192, 384, generator=gen) * 20).bfloat16()
+    targets = torch.randint(0, 384, (192,), generator=gen)
+    weights = torch.tensor(w)
+    want_loss, want_ntp, want_grad = ref_head(z, targets, w)
+    loss, ntp, g, g_t = tg.softcap_ce_grad(z, targets, weights, tg.HEAD_GRAD_SCALE)
+    torch.testing.assert_close(loss.double(), want_loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ntp.double(), want_ntp, atol=1e-5, rtol=1e-5)
+    exact = want_grad / tg.HEAD_GRAD_SCALE
+    assert ((g.double() - exact).norm() / exact.norm()).item() < 0.06
+    assert g.dtype == torch.float8_e5m2 and torch.equal(g_t.float(), g.float().T) and g_t.is_contiguous()
+    zf = z.float().requires_grad_()
+    total, next_token = tg.SoftcapCrossEntropy.apply(zf, targets, weights)
+    total.backward()
+    assert total.item() == pytest.approx(want_loss.sum().item(), rel=1e-6)
+    assert next_token.item() == pytest.approx(want_ntp.sum().item(), rel=1e-6) and not next_token.requires_grad
+    torch.testing.assert_close(zf.grad.double(), want_grad, atol=1e-6, rtol=1e-5)
+
+
+def test_head_loss_equals_the_formula_on_bf16_operands():
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(64, 48, generator=gen)
     w = torch.randn(500, 48, generator=gen) * 2.0  # logits up to ~+-40: the cap matters
     targets = torch.randint(0, 500, (64,), generator=gen)
-    xn = (x / x.pow(2).mean(-1, keepdim=True).sqrt()).bfloat16().double()
-    z = xn @ w.bfloat16().double().T
-    c = 30 * torch.sigmoid(z / 7.5)
-    want = (torch.logsumexp(c, -1) - c[torch.arange(64), targets]).sum()
-    got = tg.head_loss(x, w, targets, fp8=False)
-    assert got.item() == pytest.approx(want.item(), rel=2e-3)
+    z = (ref_rms(x.double()).bfloat16().double() @ w.bfloat16().double().T)
+    want, want_ntp, _ = ref_head(z, targets, [1.0, 0.5, 0.25])
+    got, ntp = tg.head_loss(x, w, targets, torch.tensor([1.0, 0.5, 0.25]), fp8=False)
+    assert got.item() == pytest.approx(want.sum().item(), rel=2e-3)
+    assert ntp.item() == pytest.approx(want_ntp.sum().item(), rel=2e-3)
 
 
-def test_eval_loss_is_the_same_sum_in_chunks(monkeypatch):
-    """Validation runs the bf16 head in chunks of EVAL_CHUNK tokens: the sum must not depend on the chunking."""
-    cfg = record_layout_at_tiny_width(num_layers=2, long_window_layers=(0,), no_attn_layers=())
-    model = tg.GPT(cfg).eval()
-    model.head_w.data.normal_(0, 0.5)
-    idx = torch.randint(0, 50257, (512,), dtype=torch.int32)
-    with torch.no_grad():
-        whole = model(idx[:-1].contiguous(), idx[1:].contiguous(), torch.tensor(2))
-        monkeypatch.setattr(tg, "EVAL_CHUNK", 100)
-        chunked = model(idx[:-1].contiguous(), idx[1:].contiguous(), torch.tensor(2))
-    assert chunked.item() == pytest.approx(whole.item(), rel=1e-5)
+def test_eval_loss_is_the_next_token_sum_in_chunks(monkeypatch):
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(1, 300, 48, generator=gen), torch.randn(500, 48, generator=gen)
+    targets = torch.randint(0, 500, (300,), generator=gen)
+    whole = tg.eval_loss(x, w, targets)
+    _, ntp = tg.head_loss(x, w, targets, torch.tensor([1.0, 0.0, 0.0]), fp8=False)
+    monkeypatch.setattr(tg, "EVAL_CHUNK", 70)
+    assert tg.eval_loss(x, w, targets).item() == pytest.approx(whole.item(), rel=1e-5)
+    assert whole.item() == pytest.approx(ntp.item(), rel=1e-5)
 
 
 # ---- optimizer math
@@ -360,97 +487,205 @@ def test_adam_update_equals_torch_adam():
     torch.testing.assert_close(p_ours, p_ref.detach(), atol=1e-6, rtol=1e-6)
 
 
-def test_muon_feeds_nesterov_momentum_to_newton_schulz(monkeypatch):
-    """Hand-written Nesterov: buf = m*buf + (1-m)*g; the matrix orthogonalized is (1-m)*g + m*buf."""
-    fed = []
-    monkeypatch.setattr(tg, "newton_schulz5", lambda G: fed.append(G.clone()) or G)
-    gen = torch.Generator().manual_seed(0)
-    buf_ours, buf_ref = torch.zeros(8, 32), torch.zeros(8, 32)
-    for m in (0.85, 0.9, 0.95, 0.95):
-        g = torch.randn(8, 32, generator=gen)
-        tg.muon_update(g, buf_ours, m)
-        buf_ref = m * buf_ref + (1 - m) * g
-        torch.testing.assert_close(fed[-1], (1 - m) * g + m * buf_ref)
-    # tall matrices step sqrt(rows/cols) further
-    tall = tg.muon_update(torch.randn(32, 8), torch.zeros(32, 8), 0.9)
-    torch.testing.assert_close(tall, fed[-1] * 2.0)
-
-
-def test_cpu_bf16_matmul_is_torch_bf16_matmul():
-    """mm's CPU path (fp32 matmul of the bf16 values, rounded once) against torch's own bf16 matmul, forward
-    and backward: the results may differ only where fp32 sums in another order round to a neighbouring bf16."""
-    gen = torch.Generator().manual_seed(0)
-    a = torch.randn(3, 64, 96, generator=gen).bfloat16().requires_grad_()
-    b = torch.randn(96, 80, generator=gen).bfloat16().requires_grad_()
-    g = torch.randn(3, 64, 80, generator=gen).bfloat16()
-    ours, ref = tg.mm(a, b), a @ b
-    assert ours.dtype == torch.bfloat16 and ours.shape == ref.shape
-    for x, y in [(ours, ref), *zip(torch.autograd.grad(ours, (a, b), g), torch.autograd.grad(ref, (a, b), g))]:
-        assert x.dtype == y.dtype
-        ulp = y.float().abs() * 2**-7  # bf16 keeps 8 significant bits
-        assert ((x.float() - y.float()).abs() <= ulp + 1e-6).all()
-        assert (x == y).float().mean() > 0.99  # measured: all equal on an AVX2 CPU
-
-
-@pytest.mark.parametrize("shape", [(768, 768), (768, 3072), (6, 12), (1024, 256)])
-def test_newton_schulz_approximates_the_svd_polar_factor(shape):
-    """The model's matrix shapes (and a tall one): close in direction to U V^T, and singular values in the band
-    the quintic coefficients aim for, about [0.7, 1.2], except the smallest few percent of a random square
-    matrix's, which start near 0 and converge slower. (A normalized but unorthogonalized G has cosine 0.85-0.97
-    and most singular values far below 0.6.)"""
-    G = torch.randn(shape, generator=torch.Generator().manual_seed(0))
-    X = tg.newton_schulz5(G).double()
+def svd_polar(G: torch.Tensor) -> torch.Tensor:
     U, _, Vh = torch.linalg.svd(G.double(), full_matrices=False)
-    polar = U @ Vh
-    assert ((X * polar).sum() / (X.norm() * polar.norm())).item() > 0.975
+    return U @ Vh
+
+
+@pytest.mark.parametrize("shape", [(768, 768), (3072, 768), (6, 12), (1024, 256)])
+def test_polar_express_approximates_the_svd_polar_factor(shape):
+    """The model's matrix shapes (and a wide one): close in direction to U V^T with singular values near 1,
+    except the smallest few of a random square matrix's, which start near 0. (A normalized but
+    unorthogonalized G has cosine 0.85-0.97 and most singular values far below 0.6.)"""
+    G = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    X = tg.polar_express(G).double()
+    polar = svd_polar(G)
+    assert ((X * polar).sum() / (X.norm() * polar.norm())).item() > 0.99
     s = torch.linalg.svdvals(X).sort().values
-    assert s[int(0.05 * (len(s) - 1))] > 0.6 and 0.7 < s.median() < 1.1 and s[-1] < 1.25, s
+    assert s[int(0.05 * (len(s) - 1))] > 0.7 and 0.85 < s.median() < 1.15 and s[-1] < 1.25, s
 
 
-def test_sharded_optimizer_adam_groups_equal_torch_adam():
-    """The bucketed, sharded step on the fp32 Adam groups (head, scalars) equals torch.optim.Adam with the
-    group's lr times the schedule factor."""
-    cfg = record_layout_at_tiny_width(num_layers=2, long_window_layers=(0,), no_attn_layers=())
+def test_normuon_normalizes_neurons_of_the_orthogonalized_momentum(monkeypatch):
+    """NorMuon written out in float64 from its description, with an exact polar factor for both: Nesterov
+    momentum m = b m + (1-b) g, O = polar((1-b) g + b m); per neuron (row if rows >= cols, else column) the
+    running mean of mean(O^2) with decay beta2; O divided by its root, then rescaled to O's Frobenius norm."""
+    monkeypatch.setattr(tg, "polar_express", lambda G: svd_polar(G).float())
+    gen = torch.Generator().manual_seed(0)
+    for shape in [(2, 48, 16), (3, 16, 40)]:
+        buf, second = torch.zeros(shape), torch.zeros(tg.second_moment_shape(shape))
+        m_ref, v_ref = torch.zeros(shape, dtype=torch.float64), 0
+        for b in (0.85, 0.9, 0.95):
+            g = torch.randn(shape, generator=gen)
+            got = tg.normuon_update(g, buf, second, b, 0.95)
+            m_ref = b * m_ref + (1 - b) * g.double()
+            O = torch.stack([svd_polar(M) for M in ((1 - b) * g.double() + b * m_ref)])
+            axis = 2 if shape[1] >= shape[2] else 1
+            v_ref = 0.95 * v_ref + 0.05 * O.square().mean(axis, keepdim=True)
+            U = O / v_ref.sqrt()
+            want = U * (O.norm(dim=(1, 2), keepdim=True) / U.norm(dim=(1, 2), keepdim=True))
+            torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-4)
+
+
+def test_cautious_step_decays_only_where_update_and_weight_agree():
+    p = torch.tensor([1.0, 1.0, -1.0, -1.0, 2.0, 0.0])
+    u = torch.tensor([0.5, -0.5, 0.5, -0.5, 0.0, 1.0])
+    for strict in (True, False):
+        q = p.clone()
+        tg.cautious_step(q, u, 0.1, 0.01, strict)
+        agree = [pi * ui > 0 or (not strict and pi * ui == 0) for pi, ui in zip(p.tolist(), u.tolist())]
+        want = [pi - 0.1 * ui - (0.01 * pi if a else 0.0) for pi, ui, a in zip(p.tolist(), u.tolist(), agree)]
+        assert q.tolist() == pytest.approx(want), strict
+
+
+def tiny_optimizer(**over):
+    cfg = tg.parse_args(["--device", "cpu", "--num_layers", "2", "--model_dim", "64", "--num_heads", "2",
+                         "--head_dim", "32", "--long_window_layers", "0", "--no_attn_layers", "", "--paired_head_layers",
+                         "", "--value_embeds", "0,-1", "--skip", "0,1", "--backout_layer", "1", "--seq_len", "128",
+                         "--val_seq_len", "128", "--val_tokens", "128", "--bigram_vocab", "1000"])
+    cfg = dataclasses.replace(cfg, **over)
     model = tg.GPT(cfg)
-    model.head_w.data.normal_(0, 0.1)
-    muon, adam = tg.param_groups(model, cfg)
-    opt = tg.ShardedOptimizer(muon, cfg.muon_lr, adam, (0.8, 0.95), 1e-10, tg.Comm(0, 1))
-    fp32 = [(lr, ps) for lr, ps in adam if ps[0].dtype == torch.float32]
-    refs = [(lr, [p.detach().clone().requires_grad_() for p in ps]) for lr, ps in fp32]
-    ref_opts = [torch.optim.Adam(ps, lr=lr, betas=(0.8, 0.95), eps=1e-10) for lr, ps in refs]
+    with torch.no_grad():
+        model.head_w.normal_(0, 0.1)
+    return cfg, model, tg.ShardedOptimizer(*tg.param_groups(model), cfg, tg.Comm(0, 1))
+
+
+def test_sharded_adam_equals_torch_adam_with_cautious_decay():
+    """The bucketed, sharded Adam step on the fp32 groups (scalars, x0 lambdas) equals torch.optim.Adam at the
+    group's lr times the schedule factor, followed by the decay lr^2 * wd where update and weight agree."""
+    cfg, model, opt = tiny_optimizer(adam_wd=0.5)
+    groups = {"scalars": [model.scalars], "x0": [model.x0_lambdas]}
+    refs = {g: [p.detach().clone().requires_grad_() for p in ps] for g, ps in groups.items()}
+    ref_opts = {g: torch.optim.Adam(refs[g], lr=1.0, betas=tg.ADAM_GROUPS[g].betas, eps=1e-10) for g in groups}
     gen = torch.Generator().manual_seed(1)
-    for step, factor in enumerate([1.0, 1.0, 0.5, 0.25]):
-        for (lr, ps), (_, rps), ropt in zip(fp32, refs, ref_opts):
-            for p, rp in zip(ps, rps):
+    for factor in [1.0, 1.0, 0.5, 0.25]:
+        for g, ps in groups.items():
+            lr = cfg.adam_lr * tg.ADAM_GROUPS[g].lr_mul * factor
+            for p, rp in zip(ps, refs[g]):
                 p.grad = torch.randn(p.shape, generator=gen)
                 rp.grad = p.grad.clone()
-            for group in ropt.param_groups:
-                group["lr"] = lr * factor
-            ropt.step()
-        for p in muon + [p for _, ps in adam for p in ps if p.dtype != torch.float32]:
-            p.grad = torch.zeros_like(p)
+                before = rp.detach().clone()
+                ref_opts[g].param_groups[0]["lr"] = lr
+                ref_opts[g].step()
+                with torch.no_grad():  # cautious decay: where the update (before - after) and the weight agree
+                    agree = (before - rp) * before > 0
+                    rp -= agree * before * lr * lr * cfg.adam_wd * tg.ADAM_GROUPS[g].wd_mul
+        for p in opt.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        opt.adam_now = True
         opt.step(factor, 0.9)
-    for (_, ps), (_, rps) in zip(fp32, refs):
-        for p, rp in zip(ps, rps):
+    for g, ps in groups.items():
+        for p, rp in zip(ps, refs[g]):
             torch.testing.assert_close(p.detach(), rp.detach(), atol=1e-6, rtol=1e-6)
+
+
+def feed(opt, grads: dict):
+    """What backward does with grads {param: grad}: autograd adds to an fp32 parameter's .grad; the hook folds a
+    bf16 parameter's into its bucket's fp32 sum."""
+    for b in opt.buckets:
+        offset = 0
+        for p in b.params:
+            if p in grads:
+                g = grads[p].to(p.dtype)
+                p.grad = g.clone() if p.grad is None else p.grad + g
+                opt._grad_ready(b, offset, p)
+            offset += p.numel()
+
+
+def test_adam_steps_every_second_step_on_the_sum_of_both_steps_grads():
+    """An even step leaves Adam's parameters alone and keeps their grads; the odd step updates them from the
+    sum of both steps' grads, as one Adam step; Muon's parameters move every step."""
+    cfg, model, opt = tiny_optimizer()
+    _, twin, twin_opt = tiny_optimizer()
+    twin.load_state_dict(model.state_dict())
+    gen = torch.Generator().manual_seed(2)
+    # small multiples of 2^-10: each grad and their sum are exact in bf16, so the order of rounding cannot matter
+    grads = [[torch.randint(-8, 9, p.shape, generator=gen) * 2.0**-10 for p in model.parameters()] for _ in range(2)]
+    adam = {id(p) for b in opt.buckets if b.kind == "adam" for p in b.params}
+    before = [p.detach().clone() for p in model.parameters()]
+    for step in range(2):
+        opt.adam_now = tg.is_adam_step(step)
+        feed(opt, dict(zip(model.parameters(), grads[step])))
+        opt.step(1.0, 0.9)
+        if step == 0:
+            for p, b in zip(model.parameters(), before):
+                assert torch.equal(p, b) == (id(p) in adam)
+    # the twin: Muon's grads per step; Adam's none on step 0 and their sum on step 1
+    for step in range(2):
+        twin_opt.adam_now = step == 1
+        feed(twin_opt, {p: (grads[0][i] + grads[1][i] if step else None) if id(q) in adam else grads[step][i]
+                        for i, (p, q) in enumerate(zip(twin.parameters(), model.parameters()))
+                        if not (id(q) in adam and step == 0)})
+        twin_opt.step(1.0, 0.9)
+    for (n, p), q in zip(model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_the_embedding_is_tied_to_lm_head_until_untied():
+    """While tied, the embedding's grad adds to lm_head's and the embedding becomes lm_head's copy; untie() gives
+    the embedding lm_head's Adam state, after which each follows its own grads."""
+    cfg, model, opt = tiny_optimizer()
+    _, twin, twin_opt = tiny_optimizer()
+    twin.load_state_dict(model.state_dict())
+    head, embed = model.head_w, model.embed.weight
+    gen = torch.Generator().manual_seed(3)
+    g1, g2 = (torch.randn(head.shape, generator=gen) * 1e-3 for _ in range(2))
+    opt.adam_now = twin_opt.adam_now = True
+    zero = {p: torch.zeros(p.shape) for p in model.parameters() if p is not head and p is not embed}
+    feed(opt, {**zero, head: g1, embed: g2})
+    opt.step(1.0, 0.9)
+    assert torch.equal(head, embed)
+    # lm_head moved as if its grad were the sum (of the bf16 grads, in fp32) and the embedding had none
+    twin_opt.tied = False
+    feed(twin_opt, {**{p: torch.zeros(p.shape) for p in twin.parameters() if p is not twin.head_w},
+                    twin.head_w: g1.bfloat16().float() + g2.bfloat16().float()})
+    twin_opt.step(1.0, 0.9)
+    assert torch.equal(head, twin.head_w)
+    opt.untie()
+    n = head.numel()
+    for name, s in opt.head.state.items():
+        assert torch.equal(s[n:2 * n], s[:n]), name
+    feed(opt, {**zero, head: g1, embed: -g1})
+    opt.step(1.0, 0.9)
+    assert not torch.equal(head, embed)
 
 
 # ---- schedules against their formulas
 
-@pytest.mark.parametrize("num_steps", [1695, 125])
-def test_schedules_follow_their_formulas(num_steps):
-    cfg = tg.parse_args(["--num_steps", str(num_steps)])
-    for s in sorted({0, 1, num_steps // 3, int(0.55 * num_steps), int(0.55 * num_steps) + 1, num_steps // 2,
-                     int(0.8 * num_steps), num_steps - 1, num_steps}):
-        x = s / num_steps
-        lr = 1.0 if x < 0.55 else (1 - x) / 0.45 + (1 - (1 - x) / 0.45) * 0.1
+@pytest.mark.parametrize("num_steps,extension", [(1600, 40), (118, 3)])
+def test_schedules_follow_the_record(num_steps, extension):
+    cfg = tg.parse_args(["--num_steps", str(num_steps), "--extension_steps", str(extension)])
+    S = num_steps - extension
+    for s in sorted({0, 1, S // 3, S // 3 + 1, math.ceil(S / 3), 2 * S // 3, math.ceil(2 * S / 3), int(0.45 * S),
+                     int(0.45 * S) + 1, S - 1, S, S + 1, num_steps - 50, num_steps - 1, num_steps}):
+        x = s / S
+        third = min(2, int(3 * x))
+        assert tg.batch_seqs_at(s, cfg) == (8, 16, 24)[third], s
+        lr_max = 1.73 if x > 2 / 3 else 1.52 if x > 1 / 3 else 1.0
+        w = (1 - x) / 0.55
+        lr = 0.1 if s > S else lr_max * w + (1 - w) * 0.1 if x >= 0.45 else lr_max
         assert tg.lr_factor(s, cfg) == pytest.approx(lr), s
-        assert tg.window_blocks(s, cfg) == max(1, math.ceil(13.5 * s / num_steps)), s  # 1728/128 = 13.5
-        assert tg.muon_momentum(s, cfg) == pytest.approx(0.85 + 0.10 * min(s / 300, 1)), s
-    assert tg.window_blocks(num_steps, cfg) * 128 == 1792 and tg.lr_factor(num_steps, cfg) == pytest.approx(0.1)
+        long = 13 if s >= S else (3, 7, 11)[third]
+        assert tg.windows_at(s, cfg) == (long // 2, long), s
+        mom = (0.85 + 0.1 * s / 300 if s < 300 else 0.95 - 0.1 * (s - (num_steps - 50)) / 50
+               if s > num_steps - 50 else 0.95)
+        assert tg.muon_momentum(s, cfg) == pytest.approx(mom), s
+        mtp = [1.0, 0.5, 0.25 * (1 - 3 * x)] if x < 1 / 3 else [1.0, 0.5 * (2 - 3 * x), 0.0] if x < 2 / 3 else \
+            [1.0, 0.0, 0.0]
+        assert tg.mtp_weights_at(s, cfg) == pytest.approx(mtp), s
+        assert tg.is_adam_step(s) == (s % 2 == 1)
+    assert tg.windows_at(num_steps, cfg, final_val=True) == (6, 20)
+    assert tg.split_step(cfg) % 2 == 1 and tg.split_step(cfg) in (math.ceil(2 * S / 3), math.ceil(2 * S / 3) + 1)
+    # the windows YaRN has adapted to by each step: every change of the long window, in order
+    seen = []
+    for s in range(num_steps + 1):
+        long = tg.windows_at(s, cfg)[1]
+        if not seen or seen[-1] != long:
+            seen.append(long)
+        assert tg.long_window_stages(s, cfg) == seen, s
 
 
-# ---- the recipe: the Aug 2025 record's constants, pinned
+# ---- the recipe: the 2026-01-19 record's constants, pinned
 
 def test_a_saved_config_reads_back_as_the_same_hyperparameters():
     """Checkpoints and log lines keep the config as JSON (tuples become lists); a key from another version of the
@@ -460,68 +695,97 @@ def test_a_saved_config_reads_back_as_the_same_hyperparameters():
         num_steps=100, no_attn_layers=(2, 5))
 
 
-def test_defaults_are_the_aug_2025_record():
+def test_defaults_are_the_2026_01_19_record():
     cfg = tg.Hyperparameters()
-    record = dict(num_steps=1695, seq_len=48 * 1024, batch_seqs=8, val_seq_len=262_144, val_tokens=10_485_760,
-                  cooldown_frac=0.45, max_window=1792, val_every=125, target_val_loss=3.28, stop_at_target=False,
-                  vocab_size=50304, num_layers=12, model_dim=768, num_heads=6, head_dim=128,
-                  long_window_layers=(0, 4, 7, 11), no_attn_layers=(7,), fp8_head=True, muon_lr=0.05,
-                  head_lr=0.008, embed_lr=0.6, scalar_lr=0.04, adam_beta1=0.8, adam_beta2=0.95, adam_eps=1e-10,
-                  momentum_warmup_steps=300)
+    record = dict(num_steps=1600, extension_steps=40, cooldown_frac=0.55, lr_stage_scales=(1.0, 1.52, 1.73),
+                  batch_seqs=(8, 16, 24), seq_len=16384, max_doc_len=2048, windows=(3, 7, 11), final_window=13,
+                  val_window=20, split_embed_frac=2 / 3, mtp=True, val_seq_len=262_144, val_tokens=10_485_760,
+                  val_every=250, target_val_loss=3.28, vocab_size=50304, num_layers=11, model_dim=768, num_heads=6,
+                  head_dim=128, long_window_layers=(3, 10), no_attn_layers=(6,), paired_head_layers=(0, 2, 5, 9),
+                  value_embeds=(1, 2, -1, -1, -1, -1, -1, -1, 0, 1, 2), skip=(3, 6), backout_layer=7,
+                  bigram_vocab=251_520, fp8_head=True, muon_lr=0.023, muon_wd=1.2, muon_beta2=0.95, adam_lr=0.008,
+                  adam_wd=0.005, adam_eps=1e-10, momentum_warmup_steps=300, momentum_cooldown_steps=50)
     assert {k: getattr(cfg, k) for k in record} == record
-    assert cfg.seq_len * cfg.batch_seqs == 393_216 and cfg.val_tokens % cfg.val_seq_len == 0
-    assert (tg.HEAD_W_SCALE, tg.HEAD_GRAD_SCALE, tg.SOFTCAP, tg.SOFTCAP_DIV) == (2**-9, 1 / 448, 30.0, 7.5)
-    assert tg.NS_COEFFS == (3.4445, -4.7750, 2.0315) and tg.Attention.SCALE == 0.12
-    assert tg.Attention.GATE_DIMS == 12
+    assert [n * cfg.seq_len for n in cfg.batch_seqs] == [131_072, 262_144, 393_216]
+    assert (tg.HEAD_X_SCALE, tg.HEAD_W_SCALE, tg.HEAD_GRAD_SCALE) == (100 / 448, 1.6 / 448, 0.75 / 448)
+    assert (tg.SOFTCAP, tg.SOFTCAP_SHIFT, tg.SOFTCAP_DIV, tg.ATTN_SCALE, tg.GATE_DIMS) == (23.0, 5.0, 7.5, 0.1, 12)
+    assert tg.BIGRAM_MULS == (36313, 27191) and (tg.YARN_ALPHA, tg.YARN_BETA) == (1, 32)
+    assert tg.POLAR_EXPRESS_COEFFS[0] == (8.156554524902461, -22.48329292557795, 15.878769915207462)
+    assert len(tg.POLAR_EXPRESS_COEFFS) == 5
+    lr_mul = {g: a.lr_mul for g, a in tg.ADAM_GROUPS.items()}
+    assert lr_mul == {"head": 1.0, "embeds": 75.0, "scalars": 5.0, "x0": 5.0, "gates": 1.0, "smear": 0.01,
+                      "skip": 0.05}
+    assert {g: a.wd_mul for g, a in tg.ADAM_GROUPS.items()} == {"head": 150.0, "embeds": 5.0, "scalars": 0.0,
+                                                                 "x0": 0.0, "gates": 1.0, "smear": 0.0, "skip": 0.0}
+    assert {g: a.betas for g, a in tg.ADAM_GROUPS.items()} == {
+        "head": (0.5, 0.95), "embeds": (0.75, 0.95), "scalars": (0.9, 0.99), "x0": (0.65, 0.95),
+        "gates": (0.9, 0.99), "smear": (0.9, 0.99), "skip": (0.9, 0.99)}
+    assert tg.MUON_GROUPS == {"attn": 1.0, "mlp_in": 1.0, "mlp_out": 2.0}
+    assert tg.split_step(cfg) == 1041
 
 
 def test_full_size_model_has_the_record_parameters():
     with torch.device("meta"):
         model = tg.GPT(tg.Hyperparameters())
     shapes = {n: (tuple(p.shape), p.dtype) for n, p in model.named_parameters()}
-    f32, bf16 = torch.float32, torch.bfloat16
-    assert shapes["embed.weight"] == ((50304, 768), bf16) and shapes["head_w"] == ((50304, 768), f32)
-    assert [shapes[f"value_embeds.{i}.weight"] for i in range(3)] == [((50304, 768), bf16)] * 3
-    assert shapes["skip_weights"] == ((6,), f32)
-    for i in range(12):
-        assert shapes[f"blocks.{i}.mlp.fc_w"] == ((768, 3072), f32)  # stored (768, 3072): Muon lr 0.05
-        assert shapes[f"blocks.{i}.mlp.proj_w"] == ((768, 3072), f32)
-        assert shapes[f"blocks.{i}.lambdas"] == ((2,), f32)
-        if i == 7:
+    f32, bf16, V = torch.float32, torch.bfloat16, 50304
+    assert shapes["embed.weight"] == ((V, 768), bf16) and shapes["head_w"] == ((V, 768), bf16)
+    assert [shapes[f"value_embeds.{i}.weight"] for i in range(3)] == [((V, 768), bf16)] * 3
+    assert shapes["bigram_embed.weight"] == ((5 * V, 768), bf16)
+    assert shapes["scalars"] == ((4 * L + 3,), f32) and shapes["x0_lambdas"] == ((L,), f32)
+    assert shapes["smear_gate_w"] == shapes["skip_gate_w"] == ((1, 12), bf16)
+    for i in range(L):
+        assert shapes[f"blocks.{i}.mlp.fc_w"] == shapes[f"blocks.{i}.mlp.proj_w"] == ((3072, 768), f32)
+        if i in RECORD_NO_ATTN:
             assert f"blocks.{i}.attn.qkvo_w" not in shapes
             continue
         assert shapes[f"blocks.{i}.attn.qkvo_w"] == ((4, 768, 768), f32)
-        assert shapes[f"blocks.{i}.attn.gate_w"] == ((6, 12), f32)
-        assert shapes[f"blocks.{i}.attn.v_lambdas"] == (((2,) if i in RECORD_VE else (1,)), f32)
+        assert shapes[f"blocks.{i}.attn.gate_w"] == ((6, 12), bf16)
+        assert (f"blocks.{i}.attn.ve_gate_w" in shapes) == (i in RECORD_VE)
     counted = sum(p.numel() for p in model.parameters())
-    assert counted == 5 * 50304 * 768 + 11 * (4 * 768 * 768 + 6 * 12) + 12 * 2 * 768 * 3072 + 6 + 12 * 2 + 6 * 2 + 5
-    muon, adam = tg.param_groups(model, tg.Hyperparameters())
-    assert all(max(1, p.size(-2) / p.size(-1)) == 1 for p in muon)  # every hidden matrix at lr 0.05
-    assert [lr for lr, _ in adam] == [0.008, 0.6, 0.04]
+    assert counted == (5 + 5) * V * 768 + 10 * 4 * 768**2 + 11 * 2 * 3072 * 768 + 15 * 6 * 12 + 2 * 12 + 4 * L + 3 + L
+    muon, adam = tg.param_groups(model)
+    assert [tg.muon_shape_factor(p.shape) for p in muon["mlp_in"] + muon["mlp_out"]] == [2.0] * 22
+    assert all(tg.muon_shape_factor(p.shape) == 1.0 for p in muon["attn"])
     # initial values the record starts from
     model = tg.GPT(tg.parse_args(["--model_dim", "64", "--num_heads", "2", "--head_dim", "32", "--seq_len", "128",
-                                  "--val_seq_len", "128", "--val_tokens", "128"]))
-    attn = model.blocks[0].attn
-    assert (attn.gate_w == 0).all() and attn.v_lambdas.tolist() == [0.5, 0.5]
-    assert model.blocks[3].attn.v_lambdas.tolist() == [0.5]
-    assert (model.head_w == 0).all() and (attn.qkvo_w[3] == 0).all() and (model.blocks[0].mlp.proj_w == 0).all()
-    bound = 3**0.5 * 0.5 / 64**0.5
-    assert model.blocks[0].mlp.fc_w.abs().max() <= bound and model.blocks[0].mlp.fc_w.std() > 0.8 * bound / 3**0.5
+                                  "--val_seq_len", "128", "--val_tokens", "128", "--bigram_vocab", "1000"]))
+    resid, sa, bigram_w, smear, backout, skip = model.lambdas()
+    assert resid.eq(1.1).all() and sa.tolist() == [[0.5, 1.0]] * L and bigram_w.eq(0.1).all()
+    assert (smear.item(), backout.item(), skip.item()) == (0.0, 0.5, -1.5) and model.x0_lambdas.eq(0).all()
+    assert 0.004 < model.head_w.float().std() < 0.006 and torch.equal(model.embed.weight, model.head_w)
+    for zero in [model.bigram_embed.weight, *[e.weight for e in model.value_embeds], model.smear_gate_w,
+                 model.skip_gate_w, model.blocks[0].attn.gate_w, model.blocks[0].attn.qkvo_w[3],
+                 model.blocks[0].mlp.proj_w]:
+        assert zero.eq(0).all()
+    for w, std in [(model.blocks[0].attn.qkvo_w[:3], 64**-0.5), (model.blocks[0].mlp.fc_w, 0.5 * 64**-0.5)]:
+        assert w.abs().max() <= 3**0.5 * std and w.std() > 0.9 * std
 
 
-def test_attention_gate_scales_each_head():
-    """sigmoid(W x[:12]) per head multiplies that head's output before the output projection."""
-    cfg = record_layout_at_tiny_width(num_layers=2, long_window_layers=(0,), no_attn_layers=())
-    attn = tg.GPT(cfg).blocks[0].attn
+def test_attention_and_value_gates_scale_each_head():
+    """sigmoid(W x[:12]) per head multiplies that head's output before the output projection; 2 sigmoid(W' x[:12])
+    per head multiplies the value embedding added to its values."""
+    cfg = record_layout_at_tiny_width()
+    attn = tg.GPT(cfg).blocks[10].attn
+    rot = tg.Rotary(32, 512)
     attn.qkvo_w.data[3] = torch.eye(64)  # identity output projection: the gated heads show through
     x = torch.randn(1, 256, 64)
-    mask = tg.attention_mask(torch.zeros(256, dtype=torch.long), torch.tensor(2))
-    base = attn(x, None, mask).float()
+    mask = tg.attention_mask(tg.first_visible(torch.zeros(256, dtype=torch.long), torch.tensor(256)))
+    sa = torch.tensor([0.5, 1.0])
+    base = attn(x, None, mask, rot, sa, None).float()
     attn.gate_w.data[1, 0] = 3.0  # head 1's gate now depends on x[..., 0]
-    gated = attn(x, None, mask).float()
+    gated = attn(x, None, mask, rot, sa, None).float()
     torch.testing.assert_close(gated[..., :32], base[..., :32])  # head 0 unchanged
-    want = base[..., 32:] / 0.5 * torch.sigmoid(3.0 * x[..., :1])
-    torch.testing.assert_close(gated[..., 32:], want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gated[..., 32:], base[..., 32:] / 0.5 * torch.sigmoid(3.0 * x[..., :1]),
+                               atol=1e-5, rtol=1e-5)
+    # with v zero and each token seeing only itself, the output is its own gated value embedding
+    attn.qkvo_w.data[2] = 0
+    ve = torch.ones(1, 256, 64)
+    attn.ve_gate_w.data[0, 1] = 2.0
+    itself = tg.attention_mask(tg.first_visible(torch.zeros(256, dtype=torch.long), torch.tensor(0)))
+    out = attn(x, ve, itself, rot, sa, None).float()
+    torch.testing.assert_close(out[..., :32], 2 * torch.sigmoid(2.0 * x[..., 1:2]) * 0.5 * torch.ones(32),
+                               atol=1e-5, rtol=1e-5)
 
 
 def test_fp8_head_only_where_the_gpu_has_fp8_tensor_cores():
