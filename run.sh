@@ -9,7 +9,9 @@ if [ "$gpus" -eq 0 ]; then
     echo "error: no NVIDIA GPU visible (nvidia-smi); ./run.sh trains on GPUs. For a CPU smoke run see README.md" >&2
     exit 1
 fi
-python3 -m pip install -q torch -r requirements.txt
+# the torch that GPUs here were tested with (its CUDA build, which brings its Triton); a newer one may compile
+# the model differently: check the GPU tests (tests/test_training.py -k cuda) before trusting it
+python3 -m pip install -q torch==2.11.0 -r requirements.txt
 python3 data/cached_fineweb10B.py 9
 if command -v torchrun >/dev/null; then launch=(torchrun); else launch=(python3 -m torch.distributed.run); fi
 "${launch[@]}" --standalone --nproc_per_node="$gpus" train_gpt.py "$@"

@@ -18,22 +18,22 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 # records/track_1_short/ of the speedrun's repository, that introduced it)
 #
 #   data     documents clipped to 2048 tokens, BOS-aligned micro-batches ..... TrainLoader (2025-09-03_FA3)
-#            batch size 131K -> 262K -> 393K tokens by thirds ................ batch_seqs_at (2025-11-29_BatchSizeSchedule)
-#   model    11 layers: layer 0's MLP kept, its attention and layer 6's dropped  Hyperparameters.no_attn_layers
+#            batch size 131K -> 262K -> 393K tokens by thirds ................ batch_seqs_at (2025-11-29)
+#   model    11 layers, layer 0's MLP kept, its attention and layer 6's dropped . Hyperparameters.no_attn_layers
 #                                                                               (2025-09-05, 2025-09-21_DropAttn)
-#            token-exact sliding windows, long on layers 3 and 10, grown in stages  first_visible, windows_at
+#            token-exact windows, long on layers 3 and 10, grown in stages ... first_visible, windows_at
 #            YaRN: RoPE frequencies and attention scale at each window stage ... yarn (2025-09-10_Yarn)
 #            smear: each token embedding mixes in its predecessor's, gated ..... GPT.embed_tokens (2025-09-18_Smear)
-#            backout: the last layer subtracts a scaled copy of layer 7's output  GPT.hidden (2025-10-04_Backout)
-#            one gated U-Net skip, layer 3's output into layer 6 .............. Block.forward (2025-11-18_RefineSkip)
+#            backout: the output less a learned multiple of layer 7's output . GPT.run_blocks (2025-10-04_Backout)
+#            one gated U-Net skip, layer 3's output into layer 6 .............. GPT.run_blocks (2025-11-18)
 #            partial key offset: stationary key dims shifted one token ....... shift_stationary_keys (2025-12-14)
-#            embedding tied to lm_head until 2/3 of training ................. ShardedOptimizer.untie (2025-12-19_RetieLMHead)
-#            FP8 lm_head, scales 100/448, 1.6/448, 0.75/448 .................. HEAD_X_SCALE.. (2025-12-19_RetieLMHead)
-#            multi-token prediction, weights [1, .5, .25->0] -> [1, .5->0] -> [1]  mtp_weights_at (2025-12-22)
+#            embedding tied to lm_head until 2/3 of training ................. ShardedOptimizer.untie (2025-12-19)
+#            FP8 lm_head, scales 100/448, 1.6/448, 0.75/448 .................. HEAD_W_SCALE (2025-12-19_RetieLMHead)
+#            multi-token prediction: [1, .5, .25->0] -> [1, .5->0] -> [1] ... mtp_weights_at (2025-12-22)
 #            soft cap 23 sigmoid((z + 5) / 7.5) ............................... softcap (2025-12-26_LogitRescale)
-#            value-embedding gates and the skip gate .......................... Attention.ve_gate_w, GPT.skip_gate_w
+#            value-embedding gates and the skip gate .......................... Attention.forward, GPT.run_blocks
 #                                                                               (2025-12-29_VeSkipGates)
-#            paired-head attention on layers 0, 2, 5, 9 ...................... Attention (paired), paired_positions
+#            paired-head attention on layers 0, 2, 5, 9 ...................... Attention, paired_positions
 #                                                                               (2026-01-07_PairedHeadAttention)
 #            bigram hash embedding added to every layer's input .............. bigram_hash (2026-01-19)
 #            attention output gates, ReLU^2, QK-norm, RoPE on half the dims .. Attention, MLP, norm_rotary_qk
@@ -71,23 +71,42 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-import numpy as np
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import Tensor, nn
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+def _hold_sigint() -> tuple:
+    """Importing torch takes seconds, and a KeyboardInterrupt raised inside its C++ code aborts the process
+    with a core dump: a Ctrl-C meanwhile is noted instead, and acted on once the imports are done."""
+    if threading.current_thread() is not threading.main_thread():
+        return [], None
+    noted = []
+    return noted, signal.signal(signal.SIGINT, lambda *_: noted.append(1))
+
+
+_sigint_noted, _sigint_handler = _hold_sigint()
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import Tensor, nn  # noqa: E402
+from torch.nn.attention.flex_attention import BlockMask, flex_attention  # noqa: E402
+
+if _sigint_handler is not None:
+    signal.signal(signal.SIGINT, _sigint_handler)
+if _sigint_noted:
+    raise SystemExit("error: interrupted while starting (importing torch)")
 
 
 class UserError(Exception):
@@ -272,8 +291,10 @@ _CPU = dict(device="cpu", train_files="data/sample_shards/sample_train_*.bin",
 PRESETS = {
     "smoke": {**_CPU, "seq_len": 128, "batch_seqs": (1, 2), "num_steps": 20, "extension_steps": 1, "val_every": 10,
               "val_tokens": 2048, "momentum_warmup_steps": 5, "momentum_cooldown_steps": 2},
-    "books": {**_CPU, "model_dim": 128, "num_heads": 4, "seq_len": 256, "batch_seqs": (4, 6, 8), "num_steps": 150,
-              "extension_steps": 5, "val_every": 25, "momentum_warmup_steps": 30, "momentum_cooldown_steps": 10},
+    # higher rates than the record's, to learn the 122K tokens of the shipped books in 120 steps
+    "books": {**_CPU, "model_dim": 128, "num_heads": 4, "seq_len": 256, "batch_seqs": (2, 4, 6), "num_steps": 120,
+              "extension_steps": 4, "val_every": 30, "momentum_warmup_steps": 20, "momentum_cooldown_steps": 8,
+              "adam_lr": 0.02, "muon_lr": 0.04},
 }
 
 
@@ -343,6 +364,8 @@ def check_config(cfg: Hyperparameters):
         raise UserError(f"--muon_beta2 must be at least 0 and below 1 (it is {cfg.muon_beta2})")
     if not 0 < cfg.adam_eps < math.inf:
         raise UserError(f"--adam_eps must be a finite number above 0 (it is {cfg.adam_eps})")
+    if not 0 <= cfg.seed < 2**63:
+        raise UserError(f"--seed must be at least 0 and below 2^63 (it is {cfg.seed})")
     if cfg.device not in ("cuda", "cpu"):
         raise UserError(f"--device must be cuda or cpu (it is {cfg.device!r})")
     if cfg.run_id and not RUN_ID_CHARS.fullmatch(cfg.run_id):
@@ -704,12 +727,11 @@ def attention_masks(idx: Tensor, windows: Tensor, kinds: set) -> dict:
 # FlexAttention's default Triton tiles at head_dim 128 need more shared memory per thread block in the backward
 # than GPUs below the A100/H100 class have (sm_86, sm_89, sm_120: 99 KiB) and the compile fails with "out of
 # resource: shared memory"; halved tiles in one pipeline stage fit (the tiles users report working on an
-# RTX 3090). An H200 forced onto them: records/2026-12-04_recipe3-h200.
+# RTX 3090)
 FLEX_SMALL_TILES = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32,
                     "num_stages": 1}
 FLEX_DEFAULT_TILES_SMEM = 160 * 1024  # bytes of shared memory per block from which Flex's own tiles fit
-# 64x64 forward tiles in 3 stages of 4 warps: 0.438 ms per call against 0.489 for Flex's sm_90 default on an
-# H200 at the training shape (records/2026-12-03_speed3-h200)
+# Hopper's forward runs 10% faster in 64x64 tiles than in Flex's default (records/2026-12-03_speed3-h200)
 FLEX_HOPPER_TILES = {"fwd_BLOCK_M": 64, "fwd_BLOCK_N": 64, "fwd_num_stages": 3, "fwd_num_warps": 4}
 
 
@@ -888,11 +910,11 @@ def head_loss(x: Tensor, head_w: Tensor, targets: Tensor, weights: Tensor, fp8: 
     return SoftcapCrossEntropy.apply(mm(x, head_w.bfloat16().mT), targets, weights)
 
 
-def eval_loss(x: Tensor, head_w: Tensor, targets: Tensor) -> Tensor:
-    """Validation as the record measures it: the bf16 head's next-token loss, summed, in chunks (the same sum
-    in a fraction of the memory)."""
+def eval_loss(x: Tensor, head_w: Tensor, targets: Tensor, chunk: int = EVAL_CHUNK) -> Tensor:
+    """Validation as the record measures it: the bf16 head's next-token loss, summed, in chunks of tokens (the
+    same sum in a fraction of the memory)."""
     x, total = norm(x.flatten(0, -2)).bfloat16(), 0
-    for xc, tc in zip(x.split(EVAL_CHUNK), targets.split(EVAL_CHUNK)):
+    for xc, tc in zip(x.split(chunk), targets.split(chunk)):
         total = total + F.cross_entropy(softcap(mm(xc, head_w.bfloat16().mT)), tc, reduction="sum")
     return total
 
@@ -1079,6 +1101,11 @@ def cautious_step(p: Tensor, update: Tensor, lr: float, decay: float, strict: bo
     p.sub_(lr * update + decay * agree * p)
 
 
+# torch 2.13 renamed the tensor-to-tensor collectives and warns on the old names; 2.11 has only those
+_reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+_all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+
+
 class Comm:
     """The collectives the trainer needs; with one process they are copies."""
 
@@ -1093,13 +1120,13 @@ class Comm:
         if self.world == 1:
             out.copy_(inp)
             return self._Done()
-        return dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.SUM, async_op=True)
+        return _reduce_scatter(out, inp, op=dist.ReduceOp.SUM, async_op=True)
 
     def all_gather(self, out: Tensor, inp: Tensor):
         if self.world == 1:
             out.copy_(inp)
             return self._Done()
-        return dist.all_gather_into_tensor(out, inp, async_op=True)
+        return _all_gather(out, inp, async_op=True)
 
     def all_reduce(self, t: Tensor) -> Tensor:
         if self.world > 1:
@@ -1465,6 +1492,10 @@ class TrainLoader:
 
     def __init__(self, pattern: str, seq_len: int, max_doc_len: int, rank: int, world: int):
         self.files = find_shards(pattern)
+        for f in self.files:  # every shard now, not when the run reaches it an hour in
+            if not np.any(load_shard(f) == BOS_ID):
+                raise ShardFormatError(f"{f} holds no document start (<|endoftext|>, {BOS_ID}): every document must "
+                                       f"begin with one. {DATA_HINT}")
         self.seq_len, self.max_doc_len, self.rank, self.world = seq_len, max_doc_len, rank, world
         self.load_state({"shard": 0, "doc": 0})
         self._next_seq()  # shards that cannot fill one micro-batch fail here, before the log is created
@@ -1580,6 +1611,8 @@ class Trainer:
     kernels: KernelSettings
     step: int = 0                 # optimizer steps done
     last_checkpoint: str = ""     # the newest complete checkpoint of this run
+    last_good_checkpoint: str = ""  # the newest written while the run was healthy (see save_checkpoint)
+    last_train_loss: float = float("nan")
     reached_target: bool = False
     target_ms: float = None       # training time at the first val at or below the target
     vals: list = field(default_factory=list)  # (step, val loss) of this process's validations
@@ -1591,6 +1624,8 @@ class Trainer:
     mtp_table: Tensor = None      # every step's multi-token weights, on the device
     mtp: Tensor = None            # this step's, copied from the table (a fixed tensor: no new graph)
     learning_by_step: float = LEARNING_BY_STEP  # benches that time fresh weights at late steps lift it
+    lock: object = None           # this run's lock file (run_lock), held while it lives
+    started: bool = False         # the timed run has begun (warm-up is over)
 
     def data(self) -> dict:
         """Fingerprints of the train shards and of the val shards that val_tokens reaches."""
@@ -1605,8 +1640,7 @@ class Trainer:
         if self.comm.rank == 0:
             print(line, flush=True)
             if self.log_open:
-                with open(self.log_path, "a") as f:
-                    f.write(line + "\n")
+                append_line(self.log_path, line, self.last_checkpoint)
 
     def set_schedule(self, step: int, final_val: bool = False):
         """The step's windows, RoPE stage and multi-token weights, as device data the compiled graphs read."""
@@ -1621,6 +1655,20 @@ class Trainer:
                                           device=self.device)
             self.mtp = self.mtp_table[0].clone()
         self.mtp.copy_(self.mtp_table[step])
+
+
+def append_line(path: Path, line: str, newest_checkpoint: str = ""):
+    """Append one line to a log, whole or not at all: a write that fails (a full disk) is cut back off."""
+    with open(path, "a") as f:
+        size = f.tell()
+        try:
+            f.write(line + "\n")
+            f.flush()
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                f.truncate(size)
+            raise UserError(f"cannot append to the log {path} ({e.strerror or e}): free disk space, then resume from "
+                            f"the newest checkpoint ({newest_checkpoint or 'none'})") from None
 
 
 def setup(cfg: Hyperparameters):
@@ -1646,6 +1694,19 @@ def setup(cfg: Hyperparameters):
     return rank, world, device
 
 
+def load_data(cfg: Hyperparameters, rank: int, world: int) -> tuple[TrainLoader, Tensor]:
+    """The train loader (every shard checked) and the val tokens; a train glob that reaches a val shard the run
+    scores is refused."""
+    train_loader = TrainLoader(cfg.train_files, cfg.seq_len, cfg.max_doc_len, rank, world)
+    val_tokens = load_val_tokens(cfg.val_files, cfg.val_tokens)
+    overlap = sorted(set(map(os.path.realpath, train_loader.files)) &
+                     set(map(os.path.realpath, val_files_read(cfg.val_files, cfg.val_tokens))))
+    if overlap:
+        raise UserError(f"--train_files also matches {overlap[0]}, a shard --val_files scores: the run would train "
+                        f"on its validation data. Make the train glob match only training shards")
+    return train_loader, val_tokens
+
+
 def build(cfg: Hyperparameters) -> Trainer:
     """Everything that can fail on the user's input, before the log is created: flags, launch, checkpoint, log
     folder, data."""
@@ -1666,62 +1727,72 @@ def build(cfg: Hyperparameters) -> Trainer:
     # a resumed run keeps its run_id, and so its log, unless told otherwise
     run_id = cfg.run_id or (ckpt or {}).get("run_id") or str(uuid.uuid4())
     log_path = Path(cfg.log_dir) / f"{run_id}.txt"
-    check_log_dir(cfg, log_path, comm, ckpt)
-    train_loader = TrainLoader(cfg.train_files, cfg.seq_len, cfg.max_doc_len, rank, world)
-    val_tokens = load_val_tokens(cfg.val_files, cfg.val_tokens)
-    torch.manual_seed(cfg.seed)
-    model = GPT(cfg, kernels).to(device)
-    opt = ShardedOptimizer(*param_groups(model), cfg, comm)
-    t = Trainer(cfg, comm, device, model, opt, train_loader, val_tokens, run_id, log_path, Stopwatch(device),
-                kernels)
-    if ckpt is not None:
-        restore(t, ckpt)
-    if cfg.compile and device.type == "cuda":
-        model.compile_regions(whole=cfg.compile_scope == "model" or (cfg.compile_scope == "auto" and world == 1))
-    open_log(t, ckpt)
+    lock = check_log_dir(cfg, log_path, comm, ckpt)
+    try:  # a failure from here on drops the lock
+        train_loader, val_tokens = load_data(cfg, rank, world)
+        torch.manual_seed(cfg.seed)
+        model = GPT(cfg, kernels).to(device)
+        opt = ShardedOptimizer(*param_groups(model), cfg, comm)
+        trainer = Trainer(cfg, comm, device, model, opt, train_loader, val_tokens, run_id, log_path,
+                          Stopwatch(device), kernels, lock=lock)
+        if ckpt is not None:
+            restore(trainer, ckpt)
+        if cfg.compile and device.type == "cuda":
+            model.compile_regions(whole=cfg.compile_scope == "model" or (cfg.compile_scope == "auto" and world == 1))
+        open_log(trainer, ckpt)
+    except BaseException:
+        release_lock(lock)
+        raise
     for note in notes:
-        t.log(note)
-    return t
+        trainer.log(note)
+    return trainer
 
 
-def diverged(t: Trainer, what: str) -> UserError:
+def diverged(trainer: Trainer, what: str) -> UserError:
     """The error that stops a diverged run: what went wrong and where, and the checkpoint to go back to."""
-    return UserError(f"{what}: the run diverged. Newest good checkpoint: {t.last_checkpoint or 'none'}. Resume from "
+    return UserError(f"{what}: the run diverged. Newest good checkpoint: {trainer.last_good_checkpoint or 'none'}. "
+                     f"Resume from "
                      f"it with lower learning rates (--{', --'.join(RESUME_ADJUSTABLE)} may change on resume), or "
                      f"start again with lower ones")
 
 
-def train_step(t: Trainer, step: int) -> float:
+def train_step(trainer: Trainer, step: int) -> float:
     """One optimizer step over this step's micro-batches (this rank's share); returns the mean next-token train
     loss. Stops the run at the first non-finite loss or parameter, and at a loss that is still no better than
     guessing uniformly after LEARNING_BY_STEP steps: weights blown up by a huge learning rate can keep a
     finite, soft-capped loss forever (the recipe's runs are below that loss from step 2)."""
-    cfg = t.cfg
-    t.set_schedule(step)
-    t.opt.adam_now = is_adam_step(step)
-    loss = torch.zeros((), device=t.device)
+    cfg = trainer.cfg
+    trainer.set_schedule(step)
+    trainer.opt.adam_now = is_adam_step(step)
+    loss = torch.zeros((), device=trainer.device)
     num_seqs = batch_seqs_at(step, cfg)
-    seqs = t.train_loader.next_batch(num_seqs)
+    seqs = trainer.train_loader.next_batch(num_seqs)
     for i, seq in enumerate(seqs):
-        seq = seq.to(t.device, non_blocking=True)
-        t.opt.reduce_in_backward = i == len(seqs) - 1  # the last micro-step's grads are final: reduce them now
-        mtp_loss, next_token_loss = t.model(seq[:-1], seq[1:], t.windows, t.mtp)
+        seq = seq.to(trainer.device, non_blocking=True)
+        trainer.opt.reduce_in_backward = i == len(seqs) - 1  # the last micro-step's grads are final: reduce them now
+        mtp_loss, next_token_loss = trainer.model(seq[:-1], seq[1:], trainer.windows, trainer.mtp)
         mtp_loss.backward()
         loss += next_token_loss.detach()
-    t.opt.step(lr_factor(step, cfg), muon_momentum(step, cfg))
-    if step == split_step(cfg) and t.opt.tied:
-        t.opt.untie()
-    stats = torch.stack([loss, t.opt.all_finite().float()])
-    if t.comm.world > 1:
+    trainer.opt.step(lr_factor(step, cfg), muon_momentum(step, cfg))
+    if step == split_step(cfg) and trainer.opt.tied:
+        trainer.opt.untie()
+    stats = torch.stack([loss, trainer.opt.all_finite().float()])
+    if trainer.comm.world > 1:
         dist.all_reduce(stats)
     loss_sum, finite = stats.tolist()  # the step's one host sync
-    train_loss, t.step = loss_sum / (num_seqs * cfg.seq_len), step + 1
-    if not math.isfinite(train_loss) or finite < t.comm.world:
+    train_loss, trainer.step = loss_sum / (num_seqs * cfg.seq_len), step + 1
+    trainer.last_train_loss = train_loss
+    if not math.isfinite(train_loss) or finite < trainer.comm.world:
         what = "the parameters" if math.isfinite(train_loss) else f"the train loss ({train_loss})"
-        raise diverged(t, f"{what} became non-finite at step {t.step}")
+        raise diverged(trainer, f"{what} became non-finite at step {trainer.step}")
     uniform = math.log(cfg.vocab_size)
-    if t.step >= t.learning_by_step and train_loss > uniform - 0.01:
-        raise diverged(t, f"the train loss at step {t.step}, {train_loss:.4f}, is no better than guessing uniformly "
+    if trainer.step >= trainer.learning_by_step and train_loss > uniform - 0.01:
+        if cfg.muon_lr == 0 and cfg.adam_lr == 0:
+            raise UserError(f"the train loss at step {trainer.step}, {train_loss:.4f}, is no better than guessing "
+                            f"uniformly, and no wonder: the learning rates are 0 (--muon_lr 0 --adam_lr 0), so "
+                            f"nothing trains. Set them above 0 (the record's: 0.023 and 0.008)")
+        raise diverged(trainer, f"the train loss at step {trainer.step}, {train_loss:.4f}, is no better than "
+                                f"guessing uniformly "
                           f"among {cfg.vocab_size:,} tokens (ln {cfg.vocab_size} = {uniform:.4f})")
     return train_loss
 
@@ -1731,41 +1802,42 @@ def tokens_before(step: int, cfg: Hyperparameters) -> int:
     return sum(batch_seqs_at(s, cfg) for s in range(step)) * cfg.seq_len
 
 
-def log_train(t: Trainer, train_loss: float):
-    ms, n = t.clock.elapsed_ms(), t.cfg.num_steps
-    done, total = tokens_before(t.step, t.cfg), tokens_before(n, t.cfg)
-    t.log(log_line(step=f"{t.step}/{n}", train_loss=f"{train_loss:.4f}", train_time=f"{ms:.0f}ms",
-                   step_avg=f"{ms / t.step:.2f}ms", eta=f"{ms / done * (total - done) / 1000:.0f}s"))
+def log_train(trainer: Trainer, train_loss: float):
+    ms, n = trainer.clock.elapsed_ms(), trainer.cfg.num_steps
+    done, total = tokens_before(trainer.step, trainer.cfg), tokens_before(n, trainer.cfg)
+    trainer.log(log_line(step=f"{trainer.step}/{n}", train_loss=f"{train_loss:.4f}", train_time=f"{ms:.0f}ms",
+                   step_avg=f"{ms / trainer.step:.2f}ms", eta=f"{ms / done * (total - done) / 1000:.0f}s"))
 
 
 @torch.no_grad()
-def validate(t: Trainer, step: int) -> bool:
+def validate(trainer: Trainer, step: int) -> bool:
     """Mean loss over the first val_tokens val tokens, in val_seq_len sequences split over the ranks, with the
     bf16 head and the step's windows (the last validation: the widest), as the record measures it. Logs it;
     returns whether it is at or below the target."""
-    cfg = t.cfg
-    t.clock.stop()
-    t.model.eval()
-    t.set_schedule(step, final_val=step == cfg.num_steps)
-    total = torch.zeros(2, device=t.device)
-    for i in range(t.comm.rank, len(t.val_tokens) // cfg.val_seq_len, t.comm.world):
-        seq = t.val_tokens[i * cfg.val_seq_len:(i + 1) * cfg.val_seq_len + 1].to(t.device)
-        total[0] += t.model(seq[:-1], seq[1:], t.windows)[0]
+    cfg = trainer.cfg
+    trainer.clock.stop()
+    trainer.model.eval()
+    trainer.set_schedule(step, final_val=step == cfg.num_steps)
+    total = torch.zeros(2, device=trainer.device)
+    for i in range(trainer.comm.rank, len(trainer.val_tokens) // cfg.val_seq_len, trainer.comm.world):
+        seq = trainer.val_tokens[i * cfg.val_seq_len:(i + 1) * cfg.val_seq_len + 1].to(trainer.device)
+        total[0] += trainer.model(seq[:-1], seq[1:], trainer.windows)[0]
         total[1] += cfg.val_seq_len
-    if t.comm.world > 1:
+    if trainer.comm.world > 1:
         dist.all_reduce(total)
-    t.model.train()
+    trainer.model.train()
     val_loss = (total[0] / total[1]).item()
-    t.log(log_line(step=f"{step}/{cfg.num_steps}", val_loss=f"{val_loss:.4f}", train_time=f"{t.clock.ms:.0f}ms",
-                   step_avg=f"{t.clock.ms / max(step, 1):.2f}ms"))
+    trainer.log(log_line(step=f"{step}/{cfg.num_steps}", val_loss=f"{val_loss:.4f}",
+                         train_time=f"{trainer.clock.ms:.0f}ms",
+                   step_avg=f"{trainer.clock.ms / max(step, 1):.2f}ms"))
     if not math.isfinite(val_loss):
-        raise diverged(t, f"val loss is {val_loss} at step {step}")
-    t.vals.append((step, val_loss))
+        raise diverged(trainer, f"val loss is {val_loss} at step {step}")
+    trainer.vals.append((step, val_loss))
     reached = val_loss <= cfg.target_val_loss
-    if reached and not t.reached_target:
-        t.reached_target, t.target_ms = True, t.clock.ms
-        t.log(log_line(reached_target=cfg.target_val_loss, at_step=step, train_time=f"{t.clock.ms:.0f}ms"))
-    t.clock.start()
+    if reached and not trainer.reached_target:
+        trainer.reached_target, trainer.target_ms = True, trainer.clock.ms
+        trainer.log(log_line(reached_target=cfg.target_val_loss, at_step=step, train_time=f"{trainer.clock.ms:.0f}ms"))
+    trainer.clock.start()
     return reached
 
 
@@ -1780,27 +1852,28 @@ class Snapshot:
     step: int
 
 
-def warm_up(t: Trainer):
+def warm_up(trainer: Trainer):
     """Compile and autotune on real batches, then put everything back: the timed run starts clean."""
-    cfg = t.cfg
+    cfg = trainer.cfg
     if not cfg.warmup_steps:
         return
-    saved = Snapshot(copy.deepcopy(t.model.state_dict()), copy.deepcopy([b.state for b in t.opt.buckets]),
-                     (t.opt.steps, t.opt.adam_steps, t.opt.tied), t.opt.pending_grads(), t.train_loader.state(),
-                     t.step)
+    saved = Snapshot(copy.deepcopy(trainer.model.state_dict()), copy.deepcopy([b.state for b in trainer.opt.buckets]),
+                     (trainer.opt.steps, trainer.opt.adam_steps, trainer.opt.tied), trainer.opt.pending_grads(),
+                     trainer.train_loader.state(),
+                     trainer.step)
     start = time.perf_counter()
     for i in range(cfg.warmup_steps):
-        train_step(t, min(saved.step + i, cfg.num_steps - 1))
-        t.log(log_line(warmup_step=f"{i + 1}/{cfg.warmup_steps}", time=f"{time.perf_counter() - start:.0f}s"))
-    t.model.load_state_dict(saved.model)
-    for b, state in zip(t.opt.buckets, saved.bucket_states):
+        train_step(trainer, min(saved.step + i, cfg.num_steps - 1))
+        trainer.log(log_line(warmup_step=f"{i + 1}/{cfg.warmup_steps}", time=f"{time.perf_counter() - start:.0f}s"))
+    trainer.model.load_state_dict(saved.model)
+    for b, state in zip(trainer.opt.buckets, saved.bucket_states):
         b.state = state
-    t.opt.steps, t.opt.adam_steps, t.opt.tied = saved.opt_counters
-    t.opt.zero_grads()
-    t.opt.set_pending_grads(saved.pending_grads)
-    t.step = saved.step
-    t.train_loader.load_state(saved.loader)
-    t.log(log_line(warmup_steps=cfg.warmup_steps, warmup_time=f"{(time.perf_counter() - start) * 1000:.0f}ms"))
+    trainer.opt.steps, trainer.opt.adam_steps, trainer.opt.tied = saved.opt_counters
+    trainer.opt.zero_grads()
+    trainer.opt.set_pending_grads(saved.pending_grads)
+    trainer.step = saved.step
+    trainer.train_loader.load_state(saved.loader)
+    trainer.log(log_line(warmup_steps=cfg.warmup_steps, warmup_time=f"{(time.perf_counter() - start) * 1000:.0f}ms"))
 
 
 # GPU kernels by name, first match wins: where a step's time goes (--profile_steps). cuBLAS names its FP8
@@ -1818,38 +1891,39 @@ def kernel_category(kernel: str) -> str:
 
 
 @contextlib.contextmanager
-def profiled(t: Trainer, step: int):
+def profiled(trainer: Trainer, step: int):
     """Under --profile_steps A,B: torch.profiler from train step A through B, then a table of GPU time per
     kernel category and the 25 costliest kernels, per step, in <log_dir>/<run_id>_profile.txt."""
-    first, last = t.cfg.profile_steps or (-1, -1)
-    if step == first and t.device.type == "cuda":
-        t.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
-        t.profiler.__enter__()
-        t.profiler.clock_ms = t.clock.elapsed_ms()  # the clock synchronized when it last started
+    first, last = trainer.cfg.profile_steps or (-1, -1)
+    if step == first and trainer.device.type == "cuda":
+        trainer.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+        trainer.profiler.__enter__()
+        trainer.profiler.clock_ms = trainer.clock.elapsed_ms()  # the clock synchronized when it last started
     yield
-    if step == last and t.profiler is not None:
-        t.clock.stop()  # summarizing takes seconds: not training time
-        t.profiler.__exit__(None, None, None)
+    if step == last and trainer.profiler is not None:
+        trainer.clock.stop()  # summarizing takes seconds: not training time
+        trainer.profiler.__exit__(None, None, None)
         steps = last - first + 1
-        wall = (t.clock.ms - t.profiler.clock_ms) / steps
-        kernels = [(e.key, e.self_device_time_total / 1000 / steps) for e in t.profiler.key_averages()
+        wall = (trainer.clock.ms - trainer.profiler.clock_ms) / steps
+        kernels = [(e.key, e.self_device_time_total / 1000 / steps) for e in trainer.profiler.key_averages()
                    if e.self_device_time_total > 0]
         busy = sum(ms for _, ms in kernels)
         by_category = {name: 0.0 for name, _ in KERNEL_CATEGORIES}
         for key, ms in kernels:
             by_category[kernel_category(key)] += ms
-        lines = [f"GPU time per train step, steps {first}..{last} (rank {t.comm.rank}): {busy:.1f} ms of kernels in "
+        lines = [f"GPU time per train step, steps {first}..{last} (rank {trainer.comm.rank}): {busy:.1f} ms of "
+                 f"kernels in "
                  f"{wall:.1f} ms of training time per step ({busy / wall:.0%} busy; the profiler itself slows the "
-                 f"host); step_avg so far {t.clock.ms / max(t.step, 1):.1f} ms"]
+                 f"host); step_avg so far {trainer.clock.ms / max(trainer.step, 1):.1f} ms"]
         lines += [f"{name:<26} {ms:9.2f} ms" for name, ms in by_category.items()]
         lines += ["", "costliest kernels (ms per step):"]
         lines += [f"{ms:9.2f}  {key[:150]}" for key, ms in sorted(kernels, key=lambda k: -k[1])[:25]]
-        if t.comm.rank == 0:
-            path = Path(t.cfg.log_dir) / f"{t.run_id}_profile.txt"
+        if trainer.comm.rank == 0:
+            path = Path(trainer.cfg.log_dir) / f"{trainer.run_id}_profile.txt"
             path.write_text("\n".join(lines) + "\n")
-            t.log(log_line(profile=path))
-        t.profiler = None
-        t.clock.start()
+            trainer.log(log_line(profile=path))
+        trainer.profiler = None
+        trainer.clock.start()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1936,20 +2010,71 @@ def write_durably(obj, path: Path):
         os.close(folder)
 
 
-# what a checkpoint holds, with each value's type ("data": the fingerprints of the shards the run reads)
+# what a checkpoint holds, with each value's type ("data": the fingerprints of the shards the run reads;
+# "content_sha256": a hash of every tensor's bytes, which torch's zip reader does not check)
 CHECKPOINT_KEYS = {"model": dict, "optimizer": dict, "loader": dict, "step": int, "train_ms": (int, float),
-                   "config": dict, "source_sha256": str, "run_id": str, "data": dict}
+                   "config": dict, "source_sha256": str, "run_id": str, "data": dict, "healthy": bool,
+                   "content_sha256": str}
+
+
+def content_digest(*objs) -> str:
+    """sha256 of every tensor's bytes in nested dicts and lists, in a fixed order: written with a checkpoint and
+    checked when it is read, so a flipped byte is found before it trains."""
+    digest = hashlib.sha256()
+
+    def walk(o):
+        if isinstance(o, Tensor):
+            digest.update(str((tuple(o.shape), o.dtype)).encode())
+            digest.update(o.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(o, dict):
+            for k in sorted(o, key=str):
+                digest.update(str(k).encode())
+                walk(o[k])
+        elif isinstance(o, (list, tuple)):
+            for v in o:
+                walk(v)
+        else:
+            digest.update(repr(o).encode())
+
+    for o in objs:
+        walk(o)
+    return digest.hexdigest()
 
 
 def checkpoint_problem(ckpt) -> str:
-    """Why an unpickled object is not a checkpoint train_gpt.py can use, or ''."""
+    """Why an unpickled object is not a checkpoint train_gpt.py can use, or '': its keys and their types, sane
+    fields (a step and a data position not below 0, a finite time), finite tensors, and its content hash."""
     if not isinstance(ckpt, dict) or not CHECKPOINT_KEYS.keys() <= ckpt.keys():
         return "not a checkpoint written by train_gpt.py"
     wrong = [f"{k} is a {type(ckpt[k]).__name__}" for k, kind in CHECKPOINT_KEYS.items()
              if not isinstance(ckpt[k], kind)]
-    if not wrong and not (isinstance(ckpt["loader"].get("shard"), int) and isinstance(ckpt["loader"].get("doc"), int)):
-        wrong = ["its loader position is not two integers"]
-    return f"not a checkpoint written by train_gpt.py ({'; '.join(wrong)})" if wrong else ""
+    loader = ckpt["loader"]
+    if not wrong and not all(isinstance(loader.get(k), int) and loader[k] >= 0 for k in ("shard", "doc")):
+        wrong = ["its data position is not two integers of 0 or more"]
+    if not wrong and (ckpt["step"] < 0 or not 0 <= ckpt["train_ms"] < math.inf):
+        wrong = [f"step {ckpt['step']} and train_ms {ckpt['train_ms']}: the step and time must be 0 or more"]
+    if wrong:
+        return f"not a checkpoint written by train_gpt.py ({'; '.join(wrong)})"
+    if content_digest(ckpt["model"], ckpt["optimizer"]) != ckpt["content_sha256"]:
+        return "its tensors' bytes do not match the hash written with them: the file is corrupt"
+    bad = [name for name, t in ckpt["model"].items() if isinstance(t, Tensor) and not torch.isfinite(t).all()]
+    if bad:
+        return f"its weights are not finite ({', '.join(bad[:3])}{'...' if len(bad) > 3 else ''})"
+    return ""
+
+
+def set_aside_later_checkpoints(folder: Path, run_id: str, step: int) -> list:
+    """A run resumed from step k in its own folder starts a new lineage: its checkpoints after k (the abandoned
+    future) are renamed .abandoned.pt, so that pruning and the newest checkpoint follow the live lineage.
+    Returns their steps."""
+    later = sorted(s for s in checkpoint_files(folder, run_id) if s > step)
+    for s in later:
+        old = folder / f"{run_id}_step{s:06d}.pt"
+        new, n = folder / f"{run_id}_step{s:06d}.abandoned.pt", 1
+        while new.exists():
+            new, n = folder / f"{run_id}_step{s:06d}.abandoned{n}.pt", n + 1
+        os.replace(old, new)
+    return later
 
 
 def checkpoint_files(folder: Path, run_id: str) -> dict:
@@ -1963,6 +2088,13 @@ def is_own_tmp(name: str, run_id: str) -> bool:
     return re.fullmatch(re.escape(run_id) + r"_step\d{6}(\.[0-9a-f]{8})?\.tmp", name) is not None
 
 
+def first_lines(e: Exception, n: int = 2) -> str:
+    """An exception's first n non-empty lines as one ("Error(s) in loading state_dict for GPT:" says nothing
+    without the next)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return " ".join(lines[:n])[:300]
+
+
 def load_checkpoint(path: str) -> tuple[dict, str]:
     """(checkpoint, '') or (None, why it is not one train_gpt.py can use): the one way a checkpoint is read,
     weights only (a checkpoint never runs code)."""
@@ -1970,7 +2102,9 @@ def load_checkpoint(path: str) -> tuple[dict, str]:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         return None, "no such file"
-    except Exception as e:  # truncated zip, foreign pickle, a pickled object that is not plain data
+    except pickle.UnpicklingError:  # objects a checkpoint never holds, refused unread
+        return None, "not a checkpoint of this trainer: it holds objects other than tensors and plain data"
+    except Exception as e:  # a truncated or foreign file
         return None, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'unreadable'}"
     problem = checkpoint_problem(ckpt)
     return (None, problem) if problem else (ckpt, "")
@@ -2011,9 +2145,10 @@ def log_owner(log_path: Path):
 
 
 def check_log_dir(cfg: Hyperparameters, log_path: Path, comm: Comm, ckpt):
-    """Rank 0 writes the log: refuse a folder it cannot write, a log that exists (logs are only appended: a new
-    run must not overwrite an old one's), and, on resume, a log that belongs to another run."""
-    problem = ""
+    """Rank 0 writes the log: refuse a folder it cannot write, a run_id another live process holds (returns
+    that lock, held while this run lives), a log that exists (logs are only appended: a new run must not
+    overwrite an old one's), and, on resume, a log that belongs to another run."""
+    problem, lock = "", None
     if comm.rank == 0:
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -2022,6 +2157,8 @@ def check_log_dir(cfg: Hyperparameters, log_path: Path, comm: Comm, ckpt):
             (log_path.parent / f".{log_path.stem}.probe").unlink()
         except OSError as e:
             problem = f"cannot write to --log_dir {cfg.log_dir!r} ({e.strerror or e}); pick a writable folder"
+        if not problem:
+            lock, problem = run_lock(log_path)
         if not problem and log_path.exists() and not cfg.resume:
             problem = (f"{log_path} exists: pass another --run_id, or --resume one of its checkpoints to "
                        f"continue it")
@@ -2029,6 +2166,37 @@ def check_log_dir(cfg: Hyperparameters, log_path: Path, comm: Comm, ckpt):
             problem = resume_log_problem(log_path, ckpt, cfg.resume)
     if not comm.all_ok(not problem):
         raise UserError(problem or "rank 0 cannot write the log")
+    return lock
+
+
+def run_lock(log_path: Path):
+    """(an open file holding an exclusive lock on <log_dir>/.<run_id>.lock, '') or (None, why not): one live
+    process per run, so two launches never write one log and prune each other's checkpoints. The operating
+    system drops the lock when the process ends, however it ends, so a crashed run leaves none behind."""
+    import fcntl
+    path = log_path.parent / f".{log_path.stem}.lock"
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        return None, (f"run {log_path.stem} is running already ({holder} holds {path}): wait for it to end, or "
+                      f"pass another --run_id")
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} on {platform.node()}")
+    f.flush()
+    return f, ""
+
+
+def release_lock(lock):
+    """Drop the run's lock and its file (removed while still held, so no other launch is locking it)."""
+    if lock is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(lock.name)
+        lock.close()
 
 
 def resume_log_problem(log_path: Path, ckpt: dict, ckpt_path: str) -> str:
@@ -2043,73 +2211,88 @@ def resume_log_problem(log_path: Path, ckpt: dict, ckpt_path: str) -> str:
                                                f"log of its own")
 
 
-def restore(t: Trainer, ckpt: dict):
+def restore(trainer: Trainer, ckpt: dict):
     """Continue from a checkpoint read by read_checkpoint: the same data, then every state."""
-    cfg, now = t.cfg, t.data()
+    cfg, now = trainer.cfg, trainer.data()
     change = (data_changes("--train_files", cfg.train_files, ckpt["data"]["train"], now["train"])
               or data_changes("--val_files", cfg.val_files, ckpt["data"]["val"], now["val"]))
     if change:
         raise UserError(f"{change}. Checkpoint {cfg.resume} continues only on the data it was trained on")
     try:
-        t.model.load_state_dict(ckpt["model"])
-        t.opt.load_state_dict(ckpt["optimizer"])
+        trainer.model.load_state_dict(ckpt["model"])
+        trainer.opt.load_state_dict(ckpt["optimizer"])
     except (RuntimeError, KeyError, IndexError, ValueError, TypeError) as e:
-        raise UserError(f"checkpoint {cfg.resume} does not fit this model: {str(e).strip().splitlines()[0]}") from None
-    t.train_loader.load_state(ckpt["loader"])
-    t.step, t.clock.ms, t.last_checkpoint = ckpt["step"], ckpt["train_ms"], cfg.resume
+        raise UserError(f"checkpoint {cfg.resume} does not fit this model: {first_lines(e)}") from None
+    trainer.train_loader.load_state(ckpt["loader"])
+    trainer.step, trainer.clock.ms, trainer.last_checkpoint = ckpt["step"], ckpt["train_ms"], cfg.resume
+    trainer.last_good_checkpoint = cfg.resume if ckpt["healthy"] else ""
 
 
-def open_log(t: Trainer, ckpt):
+def open_log(trainer: Trainer, ckpt):
     """A new log starts with the source, environment and config; a resumed run appends a resumed_from line (to
     its own log, or after the config line of a new one)."""
-    cfg = t.cfg
+    cfg = trainer.cfg
     new, problem = False, ""
-    if t.comm.rank == 0:
-        print(f"log: {t.log_path}", flush=True)
-        if ckpt is None or not t.log_path.exists():  # a fresh run's log must not exist, even if one appeared
+    if trainer.comm.rank == 0:
+        print(f"log: {trainer.log_path}", flush=True)
+        if ckpt is None or not trainer.log_path.exists():  # a fresh run's log must not exist, even if one appeared
             try:                                     # since check_log_dir looked: another launch's
-                start_log(t.log_path, __file__)
+                start_log(trainer.log_path, __file__)
                 new = True
             except UserError as e:
                 problem = str(e)
-        for stale in os.listdir(t.log_path.parent):  # a checkpoint write that a crash interrupted
-            if is_own_tmp(stale, t.run_id):
-                (t.log_path.parent / stale).unlink()
-    if not t.comm.all_ok(not problem):
+        for stale in os.listdir(trainer.log_path.parent):  # a checkpoint write that a crash interrupted
+            if is_own_tmp(stale, trainer.run_id):
+                (trainer.log_path.parent / stale).unlink()
+    if not trainer.comm.all_ok(not problem):
         raise UserError(problem or "rank 0 could not create the log")
-    t.log_open = True
+    trainer.log_open = True
     if new or ckpt is None:
-        t.log(log_line(config=json.dumps(dataclasses.asdict(cfg), separators=(",", ":")),
-                       world_size=t.comm.world, run_id=t.run_id))
-        t.log(log_line(kernels=json.dumps(dataclasses.asdict(t.kernels), separators=(",", ":"))))
+        trainer.log(log_line(config=json.dumps(dataclasses.asdict(cfg), separators=(",", ":")),
+                       world_size=trainer.comm.world, run_id=trainer.run_id))
+        trainer.log(log_line(kernels=json.dumps(dataclasses.asdict(trainer.kernels), separators=(",", ":"))))
     if ckpt is None:
         return
     changed = {k: new for k, (_, new) in config_diff(ckpt["config"], dataclasses.asdict(cfg)).items()}
-    t.log(log_line(resumed_from=cfg.resume, step=t.step, world_size=t.comm.world,
-                   changed=json.dumps(changed, separators=(",", ":"))))
+    trainer.log(log_line(resumed_from=cfg.resume, step=trainer.step, world_size=trainer.comm.world,
+                         changed=json.dumps(changed, separators=(",", ":"))))
+    if trainer.comm.rank == 0:
+        abandoned = set_aside_later_checkpoints(trainer.log_path.parent, trainer.run_id, trainer.step)
+        if abandoned:
+            trainer.log(log_line(note="later_checkpoints_set_aside", steps=",".join(map(str, abandoned)),
+                                 now_named="<run_id>_stepNNNNNN.abandoned.pt"))
     rates = {k: changed[k] for k in RESUME_ADJUSTABLE if k in changed}
     if rates:
-        t.log(log_line(note="resumed_with_changed_learning_rates", **{k: f"{ckpt['config'][k]}->{v}"
+        trainer.log(log_line(note="resumed_with_changed_learning_rates", **{k: f"{ckpt['config'][k]}->{v}"
                                                                      for k, v in rates.items()}))
     source = source_sha256()
     if ckpt["source_sha256"] != source:
-        t.log(log_line(warning="resumed_with_changed_source", checkpoint_sha256=ckpt["source_sha256"][:16],
+        trainer.log(log_line(warning="resumed_with_changed_source", checkpoint_sha256=ckpt["source_sha256"][:16],
                        source_sha256=source[:16]))
 
 
-def save_checkpoint(t: Trainer):
-    """A checkpoint of everything a bitwise-identical continuation needs. Collective: every rank builds the
-    unsharded optimizer state, rank 0 writes it, and all stop together if the write fails."""
-    cfg = t.cfg
-    t.clock.stop()
-    if not all(torch.isfinite(p).all() for p in t.model.parameters()):
-        raise diverged(t, f"non-finite parameters at step {t.step}, so no checkpoint was written")
-    ckpt = {"model": t.model.state_dict(), "optimizer": t.opt.state_dict(), "loader": t.train_loader.state(),
-            "step": t.step, "train_ms": t.clock.ms, "config": dataclasses.asdict(cfg),
-            "source_sha256": source_sha256(), "run_id": t.run_id, "data": t.data()}
-    path = Path(cfg.log_dir) / f"{t.run_id}_step{t.step:06d}.pt"
+HEALTHY_MARGIN = 0.05  # a checkpoint is healthy if its step's train loss is at most a uniform guess's plus this
+
+
+def save_checkpoint(trainer: Trainer):
+    """A checkpoint of everything a bitwise-identical continuation needs, and a hash of its tensors. Collective:
+    every rank builds the unsharded optimizer state, rank 0 writes it, and all stop together if the write
+    fails. It is marked healthy if the run was: its last train loss finite and no worse than a uniform guess
+    (weights blown up by a huge learning rate give a worse one before the not-learning check at step 10).
+    Pruning keeps the newest healthy checkpoint however old."""
+    cfg = trainer.cfg
+    trainer.clock.stop()
+    if not all(torch.isfinite(p).all() for p in trainer.model.parameters()):
+        raise diverged(trainer, f"non-finite parameters at step {trainer.step}, so no checkpoint was written")
+    healthy = trainer.last_train_loss <= math.log(cfg.vocab_size) + HEALTHY_MARGIN  # False for NaN
+    ckpt = {"model": trainer.model.state_dict(), "optimizer": trainer.opt.state_dict(),
+            "loader": trainer.train_loader.state(), "step": trainer.step, "train_ms": trainer.clock.ms,
+            "config": dataclasses.asdict(cfg), "source_sha256": source_sha256(), "run_id": trainer.run_id,
+            "data": trainer.data(), "healthy": healthy}
+    path = Path(cfg.log_dir) / f"{trainer.run_id}_step{trainer.step:06d}.pt"
     problem = ""
-    if t.comm.rank == 0:
+    if trainer.comm.rank == 0:
+        ckpt["content_sha256"] = content_digest(ckpt["model"], ckpt["optimizer"])
         try:
             write_durably(ckpt, path)
         except OSError as e:
@@ -2117,17 +2300,20 @@ def save_checkpoint(t: Trainer):
         except RuntimeError as e:  # torch.save's zip writer turns a failed write into "unexpected pos ..."
             free = shutil.disk_usage(path.parent).free
             problem = f"torch.save: {str(e).strip().splitlines()[0][:120]}; {free / 2**20:,.0f} MiB free on that disk"
-    if not t.comm.all_ok(not problem):
+    if not trainer.comm.all_ok(not problem):
         raise UserError(f"could not write checkpoint {path} ({problem or 'rank 0 failed'}); the newest complete "
-                        f"one, {t.last_checkpoint or 'none'}, is intact. Free disk space or point --log_dir elsewhere")
-    t.last_checkpoint = str(path)
-    t.log(log_line(checkpoint=path))
-    if t.comm.rank == 0 and cfg.keep_last:
-        saved = checkpoint_files(path.parent, t.run_id)
+                        f"one, {trainer.last_checkpoint or 'none'}, is intact. Free disk space or point --log_dir "
+                        f"elsewhere")
+    trainer.last_checkpoint = str(path)
+    if healthy:
+        trainer.last_good_checkpoint = str(path)
+    trainer.log(log_line(checkpoint=path, **({} if healthy else {"healthy": "no"})))
+    if trainer.comm.rank == 0 and cfg.keep_last:
+        saved = checkpoint_files(path.parent, trainer.run_id)
         for step in sorted(saved)[:-cfg.keep_last]:
-            if saved[step] != path:
+            if str(saved[step]) not in (str(path), trainer.last_good_checkpoint):
                 saved[step].unlink()
-    t.clock.start()
+    trainer.clock.start()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -2194,21 +2380,30 @@ def generate(argv) -> str:
     if len(prompt) + args.max_new_tokens > limit:
         raise UserError(f"the prompt ({len(prompt) - 1} tokens) plus --max_new_tokens {args.max_new_tokens} is "
                         f"longer than the {limit - 1} tokens this model has positions for: shorten one of them")
-    if args.max_new_tokens < 1 or args.temperature < 0:
-        raise UserError("--max_new_tokens must be positive and --temperature 0 or more")
+    if args.max_new_tokens < 1 or not 0 <= args.temperature < math.inf or args.top_k < 0 \
+            or not 0 <= args.seed < 2**63:
+        raise UserError(f"--max_new_tokens must be positive (it is {args.max_new_tokens}), --temperature a finite number "
+                        f"0 or more ({args.temperature}), --top_k 0 or more ({args.top_k}) and --seed within 0..2^63 "
+                        f"({args.seed})")
     device = torch.device(args.device)
     model = GPT(cfg).to(device).eval()
     try:
         model.load_state_dict(ckpt["model"])
     except (RuntimeError, KeyError, ValueError, TypeError) as e:
         raise UserError(f"checkpoint {args.generate}: its weights do not fit the model its settings describe "
-                        f"({str(e).strip().splitlines()[0][:200]})") from None
+                        f"({first_lines(e)})") from None
     model.rotary.set_stages(long_window_stages(cfg.num_steps, cfg))
     windows = torch.tensor([w * MASK_BLOCK for w in windows_at(cfg.num_steps, cfg, final_val=True)],
                            dtype=torch.int32, device=device)
     tokens = sample(model, prompt, args.max_new_tokens, windows, args.temperature, args.top_k,
                     torch.Generator().manual_seed(args.seed))
-    return enc.decode(tokens[1:])
+    return decode(enc, tokens[1:])
+
+
+def decode(enc, tokens: list) -> str:
+    """Text of GPT-2 tokens, some of which hold part of a multi-byte UTF-8 character: bytes that form no whole
+    character (a split the model did not complete) are left out rather than printed as U+FFFD."""
+    return enc.decode_bytes(tokens).decode("utf-8", errors="ignore")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -2229,20 +2424,77 @@ def gpu_error_message(e: Exception, cfg: Hyperparameters):
     return None
 
 
-def summary_line(t: Trainer) -> str:
+def summary_line(trainer: Trainer) -> str:
     """The log's last line: how the run ended (its last and best val, the time to the target, tokens/s,
     peak GPU memory, the log)."""
-    cfg, ms = t.cfg, t.clock.ms
-    final = t.vals[-1][1] if t.vals else float("nan")
-    best_step, best = min(t.vals, key=lambda v: v[1]) if t.vals else (0, float("nan"))
-    fields = dict(summary=f"{t.step}/{cfg.num_steps}_steps", final_val=f"{final:.4f}", best_val=f"{best:.4f}",
+    cfg, ms = trainer.cfg, trainer.clock.ms
+    final = trainer.vals[-1][1] if trainer.vals else float("nan")
+    best_step, best = min(trainer.vals, key=lambda v: v[1]) if trainer.vals else (0, float("nan"))
+    fields = dict(summary=f"{trainer.step}/{cfg.num_steps}_steps", final_val=f"{final:.4f}", best_val=f"{best:.4f}",
                   best_at_step=best_step, train_time=f"{ms / 1000:.1f}s",
-                  target=f"{cfg.target_val_loss}_at_{t.target_ms / 1000:.1f}s" if t.target_ms is not None
+                  target=f"{cfg.target_val_loss}_at_{trainer.target_ms / 1000:.1f}s" if trainer.target_ms is not None
                   else f"{cfg.target_val_loss}_not_reached",
-                  tokens_per_s=f"{tokens_before(t.step, cfg) / max(ms / 1000, 1e-9):,.0f}".replace(",", "_"))
-    if t.device.type == "cuda":
+                  tokens_per_s=f"{tokens_before(trainer.step, cfg) / max(ms / 1000, 1e-9):,.0f}".replace(",", "_"))
+    if trainer.device.type == "cuda":
         fields["peak_memory"] = f"{torch.cuda.max_memory_allocated() // 2**20}MiB"
-    return log_line(**fields, log=t.log_path)
+    return log_line(**fields, log=trainer.log_path)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the run is, so that it ends as Ctrl-C does: one line, no half-written file."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def run(trainer: Trainer):
+    """The loop: validate (clock stopped), stop at the last step, train a step, log it, checkpoint."""
+    cfg = trainer.cfg
+    trainer.started = True
+    trainer.clock.start()
+    for step in range(trainer.step, cfg.num_steps + 1):
+        last_step = step == cfg.num_steps
+        if last_step or (cfg.val_every and step % cfg.val_every == 0):
+            last_step |= validate(trainer, step) and cfg.stop_at_target
+        if last_step:
+            break
+        with profiled(trainer, step):
+            log_train(trainer, train_step(trainer, step))
+        if cfg.save_every and trainer.step % cfg.save_every == 0 and trainer.step < cfg.num_steps:
+            save_checkpoint(trainer)
+    if cfg.save_every:
+        save_checkpoint(trainer)
+    if trainer.device.type == "cuda":
+        trainer.log(log_line(peak_memory=f"{torch.cuda.max_memory_allocated() // 2**20}MiB",
+                             reserved_memory=f"{torch.cuda.max_memory_reserved() // 2**20}MiB"))
+    trainer.log(summary_line(trainer))
+    if trainer.comm.rank == 0:
+        png = trainer.log_path.with_suffix(".png")
+        print(f"plot it: python records/tool.py plot {trainer.log_path} -o {png}", flush=True)
+
+
+def failure_message(e: BaseException, trainer, cfg: Hyperparameters):
+    """The one line that ends a failed run, or None for an error that should keep its traceback (a bug)."""
+    if isinstance(e, (KeyboardInterrupt, Terminated)):  # a checkpoint write it cut off left no file behind
+        how = "interrupted" if isinstance(e, KeyboardInterrupt) else "terminated (SIGTERM)"
+        if trainer is None or not trainer.started:
+            return f"{how} before the first step (while starting or compiling): no step was trained"
+        return (f"{how} at step {trainer.step}; the newest complete checkpoint is "
+                f"{trainer.last_checkpoint or 'none'}")
+    return str(e) if isinstance(e, UserError) else gpu_error_message(e, cfg)
+
+
+def end_log(trainer, message: str):
+    """A failed run's log ends with its error line; a new run that failed before its first step leaves no log
+    (its run_id stays free for the next launch)."""
+    if trainer is None or not trainer.log_open or trainer.comm.rank != 0:
+        return
+    if not trainer.started and not trainer.cfg.resume:
+        trainer.log_path.unlink(missing_ok=True)
+        return
+    with contextlib.suppress(OSError, UserError):  # a full disk: the line goes to stderr only
+        append_line(trainer.log_path, f"error: {message}")
 
 
 def main(argv=None):
@@ -2256,43 +2508,22 @@ def main(argv=None):
         print(text)
         return text
     cfg = parse_args(argv)
-    t = None
+    trainer, old_handler = None, signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        t = build(cfg)
-        warm_up(t)
-        t.clock.start()
-        for step in range(t.step, cfg.num_steps + 1):
-            last_step = step == cfg.num_steps
-            if last_step or (cfg.val_every and step % cfg.val_every == 0):
-                last_step |= validate(t, step) and cfg.stop_at_target
-            if last_step:
-                break
-            with profiled(t, step):
-                log_train(t, train_step(t, step))
-            if cfg.save_every and t.step % cfg.save_every == 0 and t.step < cfg.num_steps:
-                save_checkpoint(t)
-        if cfg.save_every:
-            save_checkpoint(t)
-        if t.device.type == "cuda":
-            t.log(log_line(peak_memory=f"{torch.cuda.max_memory_allocated() // 2**20}MiB",
-                           reserved_memory=f"{torch.cuda.max_memory_reserved() // 2**20}MiB"))
-        t.log(summary_line(t))
-        if t.comm.rank == 0:
-            print(f"plot it: python records/tool.py plot {t.log_path} -o {t.log_path.with_suffix('.png')}", flush=True)
-        return t.log_path
-    except (Exception, KeyboardInterrupt) as e:
-        if isinstance(e, KeyboardInterrupt):  # Ctrl-C: a checkpoint write it cut off left no file behind
-            message = (f"interrupted at step {t.step if t else 0}; the newest complete checkpoint is "
-                       f"{t.last_checkpoint if t and t.last_checkpoint else 'none'}")
-        else:
-            message = str(e) if isinstance(e, UserError) else gpu_error_message(e, cfg)
+        trainer = build(cfg)
+        warm_up(trainer)
+        run(trainer)
+        return trainer.log_path
+    except (Exception, KeyboardInterrupt, Terminated) as e:
+        message = failure_message(e, trainer, cfg)
         if message is None:
             raise
-        if t is not None and t.log_open and t.comm.rank == 0:
-            with open(t.log_path, "a") as f:
-                f.write(f"error: {message}\n")
+        end_log(trainer, message)
         raise SystemExit(f"error: {message}" if int(os.environ.get("RANK", 0)) == 0 else 1) from None
     finally:
+        signal.signal(signal.SIGTERM, old_handler)
+        if trainer is not None:
+            release_lock(trainer.lock)
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -2324,7 +2555,7 @@ def softcap_ce_grad(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float, 
 
 def transposed(t: Tensor, tile=(64, 128)) -> Tensor:
     """t.T.contiguous() for a 2-D 1-byte (fp8) tensor; on GPU by a tiled kernel (torch's copy of a transposed
-    1-byte tensor is an uncoalesced elementwise kernel: 16 ms for the 49,152 x 50,304 logit grad)."""
+    1-byte tensor is an uncoalesced elementwise kernel, 12x slower: records/2026-12-03_speed-h200)."""
     if not on_gpu(t):
         return t.T.contiguous()
     R, C = t.shape
@@ -2364,11 +2595,13 @@ def fp8_head_loss(x: Tensor, w: Tensor, x_f8: Tensor, w_f8: Tensor, targets: Ten
 def _(x, w, x_f8, w_f8, targets, weights, launch, approx):
     T, V = x.size(0), w.size(0)
     scalar = x.new_empty((), dtype=torch.float32)
-    return scalar, scalar.clone(), x.new_empty(T, V, dtype=torch.float8_e5m2), x.new_empty(V, T, dtype=torch.float8_e5m2)
+    e5m2 = torch.float8_e5m2
+    return scalar, scalar.clone(), x.new_empty(T, V, dtype=e5m2), x.new_empty(V, T, dtype=e5m2)
 
 
 @torch.library.custom_op("train_gpt::fp8_mm_backward", mutates_args=())
-def fp8_mm_backward(g_f8: Tensor, g_f8_t: Tensor, x_f8: Tensor, w_f8: Tensor, launch: list[int]) -> tuple[Tensor, Tensor]:
+def fp8_mm_backward(g_f8: Tensor, g_f8_t: Tensor, x_f8: Tensor, w_f8: Tensor,
+                    launch: list[int]) -> tuple[Tensor, Tensor]:
     """Grads of x @ w.T (both bf16) from the e5m2 output grad, given twice: row-major for grad_x and transposed
     for grad_w (FP8 matmuls take only K-contiguous operands, and K is the token dim for grad_w)."""
     tile = launch[3:5]
@@ -2397,8 +2630,8 @@ def _fp8_head_grad(ctx, grad_loss, *_):
 fp8_head_loss.register_autograd(_fp8_head_grad, setup_context=_fp8_head_setup)
 
 
-# QK-norm and RoPE of q and k (norm, then rotary) as one op on GPU, with a hand-written kernel each way:
-# 0.083 / 0.118 ms per layer and micro-step against inductor's 0.18 / 0.21 on an H200 (records/2026-12-03_speed4-h200)
+# QK-norm and RoPE of q and k (norm, then rotary) as one op on GPU, a hand-written kernel each way: twice as fast
+# as inductor's, which re-read rows and tables (records/2026-12-03_speed4-h200)
 
 @torch.library.custom_op("train_gpt::qk_norm_rotary", mutates_args=())
 def qk_norm_rotary(qk: Tensor, cos: Tensor, sin: Tensor, scale: Tensor, paired: bool) -> tuple[Tensor, Tensor]:
@@ -2480,7 +2713,7 @@ if triton is not None:
     @triton.jit
     def _capped_log2(z_ptr, rows, t, live, V: tl.constexpr, SHIFT: tl.constexpr, DIV: tl.constexpr,
                      HALF_CAP2: tl.constexpr, APPROX: tl.constexpr):
-        """The capped logit of column t of each row, in base-2 units: (tanh((z + SHIFT) / (2 DIV)) + 1) CAP/2 log2(e)."""
+        """The capped logit of column t of each row in base-2 units: (tanh((z + SHIFT) / (2 DIV)) + 1) CAP/2 log2 e."""
         z = tl.load(z_ptr + rows * V + t, mask=live, other=0.0).to(tl.float32)
         return (_tanh((z + SHIFT) * (0.5 / DIV), APPROX) + 1.0) * HALF_CAP2
 

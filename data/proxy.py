@@ -1,5 +1,5 @@
 """Unpack the offline proxy shards (Project Gutenberg books in FineWeb's shard format, xz-compressed) into a
-folder the trainer reads. Used by the tests and the GPU proxy benchmark where FineWeb is out of reach.
+folder the trainer reads: the data of the GPU benches in records/bench/, where FineWeb is out of reach.
 
     python data/proxy.py                         # ../shared/data/*.bin.xz -> data/proxy/
     python data/proxy.py --train 3 --dst /tmp/p  # only the first 3 train shards
@@ -26,7 +26,8 @@ def unpack(src: Path, dst: Path, num_train: int | None = None) -> list:
     val = sorted(src.glob("proxy_val_*.bin.xz"))
     train = sorted(src.glob("proxy_train_*.bin.xz"))[:num_train]
     if not val or not train:
-        raise FileNotFoundError(f"no proxy_val_*.bin.xz / proxy_train_*.bin.xz in {src}: pass --src")
+        raise SystemExit(f"error: no proxy_val_*.bin.xz and proxy_train_*.bin.xz in {src}: pass --src with the folder "
+                         f"that holds them (they come with this workplace's shared data, not with the repository)")
     dst.mkdir(parents=True, exist_ok=True)
     out = []
     for xz in val + train:

@@ -40,6 +40,11 @@ class LogFormatError(ValueError):
     pass
 
 
+class ToolError(Exception):
+    """What the user can fix (a path, a folder without logs, a log that cannot be used): main() prints it as one
+    `error:` line and exits 1."""
+
+
 @dataclass
 class Run:
     path: Path
@@ -116,20 +121,45 @@ def parse_log(path) -> Run:
     return run
 
 
+def looks_like_log(path: Path) -> bool:
+    """Whether a file could have been written by train_gpt.py or the baseline (it holds the source separator,
+    a config line or step lines): other files in a record folder (bench outputs, tables) are passed over."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return True  # unreadable: say so
+    return f"\n{SOURCE_END}\n" in text or re.search(r"^(config:|step:\d+/\d+ )", text, re.M) is not None
+
+
 def find_logs(paths) -> list:
     out = []
     for p in map(Path, paths):
-        out += sorted(p.glob("*.txt")) if p.is_dir() else [p]
+        if not p.exists():
+            raise ToolError(f"{p}: no such file or folder")
+        out += [f for f in sorted(p.glob("*.txt")) if looks_like_log(f)] if p.is_dir() else [p]
     return out
 
 
-def load_runs(paths, warn=print) -> list:
-    runs = []
+def load_runs(paths) -> tuple[list, list]:
+    """(runs, problems): the runs of the logs under paths, and why each log that cannot be read is not one."""
+    runs, problems = [], []
     for path in find_logs(paths):
         try:
             runs.append(parse_log(path))
-        except (LogFormatError, OSError, json.JSONDecodeError) as e:
-            warn(f"skipped {path}: {e}")
+        except (LogFormatError, OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            problems.append(str(e) if str(path) in str(e) else f"{path}: {e}")
+    return runs, problems
+
+
+def usable_runs(paths) -> list:
+    """The runs for a statistic: every log must be readable (a log that cannot be is refused, not skipped), and
+    there must be one."""
+    runs, problems = load_runs(paths)
+    if problems:
+        raise ToolError(f"refused: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+                        + "; move such logs out of the folder")
+    if not runs:
+        raise ToolError(f"no logs of train_gpt.py or the baseline in {', '.join(map(str, paths))}")
     return runs
 
 
@@ -160,15 +190,19 @@ def refusal(runs) -> str:
     return ""
 
 
-def summary(paths, target: float) -> str:
-    lines = []
-    runs = load_runs(paths, warn=lines.append)
-    if not runs:
-        return "\n".join(lines + ["no readable logs"])
-    lines.append(f"{'run':<40} {'steps':>9} {'val_loss':>9} {'time':>10} {'tokens':>14} {'peak_mem':>10}  status")
+def reads_fineweb(run: Run) -> bool:
+    return "fineweb" in str(run.config.get("train_files", "")).lower() or "batch_tokens" in run.config
+
+
+def summary(paths, target) -> str:
+    """A table of the runs, mean +- std, and a one-sided t-test of val < target. The default target is FineWeb's
+    3.28, for runs that read FineWeb; runs on other data (the proxy) get no test unless --target names one."""
+    runs = usable_runs(paths)
+    lines = [f"{'run':<40} {'steps':>9} {'val_loss':>9} {'time':>10} {'tokens':>14} {'peak_mem':>10}  status"]
     for r in runs:
         step, loss, ms = r.final
-        status = r.status + (f" (reached {target} at step {r.reached_target})" if r.reached_target is not None else "")
+        status = r.status + (f" (reached {r.config.get('target_val_loss', 3.28)} at step {r.reached_target})"
+                             if r.reached_target is not None else "")
         if r.extra.get("warning") == "resumed_with_changed_source":
             status += " (resumed with a changed train_gpt.py: see its log)"
         lines.append(f"{r.path.name:<40} {f'{step}/{r.num_steps}':>9} {loss:>9.4f} {ms / 1000:>9.1f}s "
@@ -176,6 +210,12 @@ def summary(paths, target: float) -> str:
     losses = [r.final[1] for r in runs]
     (lm, ls), (tm, ts) = mean_std(losses), mean_std([r.final[2] / 1000 for r in runs])
     lines.append(f"runs:{len(runs)} val_loss:{lm:.4f}+-{ls:.4f} train_time:{tm:.1f}+-{ts:.1f}s")
+    if target is None and not all(reads_fineweb(r) for r in runs):
+        data = sorted({str(r.config.get("train_files")) for r in runs if not reads_fineweb(r)})
+        lines.append(f"no t-test: these runs read {', '.join(data)}, not FineWeb, and 3.28 is FineWeb's target "
+                     f"(pass --target LOSS to test against another, e.g. a proxy bench's before arm)")
+        return "\n".join(lines)
+    target = 3.28 if target is None else target
     why_not = refusal(runs)
     p = None if why_not else t_test(losses, target)
     if why_not:
@@ -208,10 +248,10 @@ def compare(a, b) -> str:
     training ms per million tokens."""
     lines, arms = [], []
     for path in (a, b):
-        runs = load_runs([path], warn=lines.append)
+        runs = usable_runs([path])
         why_not = refusal(runs)
-        if why_not or not runs:
-            return "\n".join(lines + [f"{path}: {why_not or 'no readable logs'}"])
+        if why_not:
+            raise ToolError(f"{path}: {why_not}")
         losses = [r.final[1] for r in runs]
         m, sd = mean_std(losses)
         lines.append(f"{str(path):<50} runs:{len(runs)} val_loss:{m:.4f}+-{sd:.4f} "
@@ -317,41 +357,90 @@ def bench(ours_path, base_path, peak_tflops: float) -> str:
     return "\n".join(lines)
 
 
-def source_of(path) -> str:
-    text = Path(path).read_text()
-    return text.split(f"\n{SOURCE_END}\n")[0] if f"\n{SOURCE_END}\n" in text else text
+def read_text(path) -> str:
+    path = Path(path)
+    if not path.exists():
+        raise ToolError(f"{path}: no such file")
+    if path.is_dir():
+        raise ToolError(f"{path} is a folder: pass a log file")
+    try:
+        return path.read_text()
+    except UnicodeDecodeError:
+        raise ToolError(f"{path} is not a text file: pass a log or a script") from None
+
+
+def source_of(path, log: bool = False) -> str:
+    """The script a log embeds; a script's own text (log=False only)."""
+    text = read_text(path)
+    if f"\n{SOURCE_END}\n" in text:
+        return text.split(f"\n{SOURCE_END}\n")[0]
+    if log:
+        raise ToolError(f"{path}: no embedded source: not a log written by train_gpt.py or the baseline")
+    return text
 
 
 def diff(log, against) -> str:
-    ours = source_of(log).splitlines(keepends=True)
+    ours = source_of(log, log=True).splitlines(keepends=True)
     theirs = source_of(against).splitlines(keepends=True)
     return "".join(difflib.unified_diff(theirs, ours, fromfile=str(against), tofile=f"{log} (embedded source)"))
 
 
-def plot(paths, out: Path):
+def plot(paths, out: Path) -> str:
+    """Val loss against training time and against step, and the last 40% of steps zoomed in: each folder's runs
+    in one colour (its seeds in different line styles). Returns what it skipped and wrote."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (by_time, by_step) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for r in load_runs(paths, warn=lambda m: print(m, file=sys.stderr)):
-        label = f"{r.path.parent.name}/{r.path.stem}"
+    runs, problems = load_runs(paths)
+    if not runs:
+        raise ToolError(f"no readable logs to plot in {', '.join(map(str, paths))}"
+                        + (f" ({problems[0]})" if problems else ""))
+    folders = sorted({r.path.parent for r in runs})
+    fig, (by_time, by_step, end) = plt.subplots(1, 3, figsize=(17, 4.8))
+    seen = {}
+    for r in runs:
+        folder = r.path.parent
+        style = ["-", "--", ":", "-."][seen.setdefault(folder, 0) % 4]
+        seen[folder] += 1
         steps, losses, ms = zip(*r.val)
-        by_time.plot([t / 1000 for t in ms], losses, marker=".", label=label)
-        by_step.plot(steps, losses, marker=".", label=label)
-    for ax, xlabel in [(by_time, "train time (s, validation excluded)"), (by_step, "step")]:
+        kw = dict(color=f"C{folders.index(folder) % 10}", linestyle=style, marker=".", label=f"{folder.name}/{r.path.stem}")
+        by_time.plot([t / 1000 for t in ms], losses, **kw)
+        by_step.plot(steps, losses, **kw)
+        tail = [(s, v) for s, v in zip(steps, losses) if s >= 0.6 * r.num_steps]
+        if tail:
+            end.plot(*zip(*tail), **kw)
+    finals = [r.final[1] for r in runs]
+    # the loss axis from just under the best final to where the runs are early on, not from the start's ~11
+    early = [v for r in runs for s, v, _ in r.val if s >= 0.1 * r.num_steps]
+    top = min(max(early), 2 * max(finals)) if early else max(finals) + 1
+    for ax, xlabel in [(by_time, "train time (s, validation excluded)"), (by_step, "step"),
+                       (end, "step (last 40% of each run)")]:
         ax.set_xlabel(xlabel)
         ax.set_ylabel("val loss")
         ax.grid(alpha=0.3)
-    by_time.legend(fontsize=8)
+    by_time.set_ylim(min(finals) - 0.05, top)
+    by_step.set_ylim(min(finals) - 0.05, top)
+    end.set_title(f"best final {min(finals):.4f}, worst {max(finals):.4f}", fontsize=9)
+    by_time.legend(fontsize=7)
+    fig.suptitle(f"val loss of {len(runs)} run(s) in {', '.join(f.name for f in folders)}")
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    out = Path(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=120)
+    except OSError as e:
+        raise ToolError(f"cannot write {out}: {e.strerror or e}") from None
+    return "\n".join([f"skipped {p}" for p in problems] + [f"wrote {out}"])
 
 
 README_HEAD = """# Records
 
 Each folder `records/<YYYY-MM-DD>_<name>/` holds the logs of one submission (each log starts with the exact
-source that produced it) and a README saying what changed and what was measured. Reproduce a number with
-`python records/tool.py summary <folder>`; see what code made a log with `python records/tool.py diff <log>`.
+source that produced it; arms of a comparison in subfolders) and a README saying what changed and what was
+measured. Reproduce a number with `python records/tool.py summary <folder>` or `compare <arm> <arm>`; see what
+code made a log with `python records/tool.py diff <log>`; write a log's script out with `tool.py source`.
+Benchmarks live in `records/bench/`. The record marked **current default** is the one whose recipe
+`train_gpt.py` runs now (named in `records/CURRENT`).
 
 This table is generated by `python records/tool.py readme`; do not edit it by hand.
 
@@ -361,17 +450,24 @@ This table is generated by `python records/tool.py readme`; do not edit it by ha
 
 
 def readme(records_dir: Path = RECORDS) -> str:
+    current = (records_dir / "CURRENT").read_text().strip() if (records_dir / "CURRENT").exists() else ""
     rows = []
     for d in sorted(p for p in records_dir.iterdir() if p.is_dir() and re.match(r"\d{4}-\d\d-\d\d_", p.name)):
-        runs = load_runs([d], warn=lambda m: None)
         about = (d / "README.md").read_text().splitlines()[0].lstrip("# ") if (d / "README.md").exists() else ""
-        if runs:
+        arms = [d] + sorted(p for p in d.iterdir() if p.is_dir() and find_logs([p]))
+        for arm in arms:
+            runs, _ = load_runs([arm])
+            if arm != d and not runs:
+                continue
+            name = str(arm.relative_to(records_dir))
+            what = (about if arm == d else f"arm `{arm.name}`") + (" — **current default**" if name == current else "")
+            if not runs:
+                rows.append(f"| [{name}]({name}/) | {what} | 0 | - | - | - |")
+                continue
             loss = statistics.mean(r.final[1] for r in runs)
             secs = statistics.mean(r.final[2] for r in runs) / 1000
             steps = "/".join(sorted({str(r.final[0]) for r in runs}))
-            rows.append(f"| [{d.name}]({d.name}/) | {about} | {len(runs)} | {loss:.4f} | {secs:.1f}s | {steps} |")
-        else:
-            rows.append(f"| [{d.name}]({d.name}/) | {about} | 0 | - | - | - |")
+            rows.append(f"| [{name}]({name}/) | {what} | {len(runs)} | {loss:.4f} | {secs:.1f}s | {steps} |")
     return README_HEAD + "\n".join(rows) + "\n"
 
 
@@ -380,7 +476,9 @@ BASELINE_SCRIPT = RECORDS / "baseline" / "train_gpt2.py"
 
 def default_against(log) -> str:
     """The script a log should be diffed against: the baseline's for a baseline log, else train_gpt.py."""
-    return str(BASELINE_SCRIPT if "batch_tokens" in parse_log(log).config else REPO / "train_gpt.py")
+    source, rest = source_of(log, log=True), read_text(log).split(f"\n{SOURCE_END}\n", 1)[1]
+    baseline = source == BASELINE_SCRIPT.read_text() or re.search(r'^config:.*"batch_tokens"', rest, re.M)
+    return str(BASELINE_SCRIPT if baseline else REPO / "train_gpt.py")
 
 
 def main(argv=None) -> int:
@@ -388,7 +486,8 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("summary", help="table of runs, mean +- std, t-test against the target")
     s.add_argument("paths", nargs="+", help="record folders or log files")
-    s.add_argument("--target", type=float, default=3.28, help="val loss the one-sided t-test tests against")
+    s.add_argument("--target", type=float, default=None, help="val loss the one-sided t-test tests against "
+                   "(default: FineWeb's 3.28 for runs on FineWeb; none for runs on other data)")
     c = sub.add_parser("compare", help="two arms (folders of logs): mean +- std each, Welch's t-test")
     c.add_argument("a", help="folder of the first arm's logs (e.g. the old recipe)")
     c.add_argument("b", help="folder of the second arm's logs (e.g. the new recipe)")
@@ -408,24 +507,37 @@ def main(argv=None) -> int:
     b.add_argument("--peak_tflops", type=float, default=H100_BF16_TFLOPS, help="dense bf16 peak for MFU")
     sub.add_parser("readme", help="rewrite records/README.md")
     args = parser.parse_args(argv)
-    if args.cmd == "summary":
-        print(summary(args.paths, args.target))
-    elif args.cmd == "compare":
-        print(compare(args.a, args.b))
-    elif args.cmd == "plot":
-        plot(args.paths, args.out)
-        print(f"wrote {args.out}")
-    elif args.cmd == "diff":
-        print(diff(args.log, args.against or default_against(args.log)) or "no difference", end="")
-    elif args.cmd == "source":
-        args.out.write_text(source_of(args.log))
-        print(f"wrote {args.out}")
-    elif args.cmd == "bench":
-        print(bench(args.ours, args.baseline, args.peak_tflops))
-    elif args.cmd == "readme":
-        (RECORDS / "README.md").write_text(readme())
-        print(f"wrote {RECORDS / 'README.md'}")
+    try:
+        print(run_command(args), end="")
+    except ToolError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
+
+
+def run_command(args) -> str:
+    if args.cmd == "summary":
+        return summary(args.paths, args.target) + "\n"
+    if args.cmd == "compare":
+        return compare(args.a, args.b) + "\n"
+    if args.cmd == "plot":
+        return plot(args.paths, args.out) + "\n"
+    if args.cmd == "diff":
+        return diff(args.log, args.against or default_against(args.log)) or "no difference\n"
+    if args.cmd == "source":
+        source = source_of(args.log, log=True)
+        try:
+            args.out.write_text(source)
+        except OSError as e:
+            raise ToolError(f"cannot write {args.out}: {e.strerror or e}") from None
+        return f"wrote {args.out}\n"
+    if args.cmd == "bench":
+        try:
+            return bench(args.ours, args.baseline, args.peak_tflops) + "\n"
+        except (LogFormatError, OSError) as e:
+            raise ToolError(str(e)) from None
+    (RECORDS / "README.md").write_text(readme())
+    return f"wrote {RECORDS / 'README.md'}\n"
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import pytest
 import requests
 import tiktoken
 
-from conftest import BPE, load_script, write_shard as write  # first: repo on sys.path
+from conftest import BPE, REPO, load_script, write_shard as write  # first: repo on sys.path
 import train_gpt as tg  # noqa: E402
 
 tokenize_text = load_script("tokenize_text", "data/tokenize_text.py")
@@ -124,3 +124,12 @@ def test_proxy_unpack_skips_valid_shards_and_replaces_bad_ones(tmp_path):
     (dst / "proxy_val_000000.bin").write_bytes(b"garbage")
     proxy.unpack(src, dst, num_train=1)
     assert tg.load_shard(str(dst / "proxy_val_000000.bin")).tolist() == [tg.BOS_ID, 1, 2]
+
+
+def test_proxy_without_its_shards_says_where_they_are(tmp_path):
+    """A fresh clone has no ../shared: one error line, no traceback."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, str(REPO / "data" / "proxy.py"), "--src", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1 and out.stderr.startswith("error: no proxy_val")

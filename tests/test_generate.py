@@ -40,3 +40,16 @@ def test_bad_prompts_get_a_clear_message(ckpt, extra, says):
 def test_a_missing_checkpoint_gets_a_clear_message(tmp_path):
     with pytest.raises(SystemExit, match="cannot read checkpoint .*missing.pt"):
         tg.main(["--generate", str(tmp_path / "missing.pt"), "--prompt", "hi"])
+
+
+def test_a_character_split_across_tokens_prints_whole_or_not_at_all():
+    """GPT-2's BPE holds single bytes: a sample can end, or go on, after the first byte of a 3-byte character.
+    Such bytes are left out; whole characters across tokens are kept."""
+    enc = tg.gpt2_encoding()
+    dash = "\u2014".encode()  # an em dash: 3 bytes
+    first, rest = enc.encode_single_token(dash[:1]), enc.encode_single_token(dash[1:2])
+    last = enc.encode_single_token(dash[2:])
+    words = enc.encode_ordinary(" a dark night")
+    assert tg.decode(enc, [first, *words]) == " a dark night"            # a lone first byte, mid-text
+    assert tg.decode(enc, [*words, first, rest]) == " a dark night"      # a split at the end
+    assert tg.decode(enc, [*words, first, rest, last, *words]) == " a dark night\u2014 a dark night"

@@ -34,20 +34,66 @@ def test_reads_a_real_train_gpt_log(sample_shards, tmp_path):
     assert tool.diff(tmp_path / "real.txt", tg.__file__) == ""
 
 
-def test_summary_statistics_and_a_malformed_log(tmp_path):
+def test_summary_statistics_and_what_is_not_a_log(tmp_path):
     finals = [3.2712, 3.2745, 3.2731, 3.2760]
     for i, loss in enumerate(finals):
         fake_log(tmp_path / f"run{i}.txt", [(0, 10.8, 0), (1600, loss, 170_000 + i * 1000)],
-                 extra=[tg.log_line(peak_memory="40000MiB")])
-    (tmp_path / "broken.txt").write_text("step:1/2 val_loss:3.0\n")  # no source: not a train_gpt.py log
-    fake_log(tmp_path / "nostart.txt", [], extra=["error: no shards match"])  # failed before its first step
-    out = tool.summary([tmp_path], target=3.28)
-    assert "skipped" in out and "broken.txt" in out and "no embedded source" in out
-    assert "nostart.txt: no config line or no val_loss lines: the run did not get going (no shards match)" in out
+                 extra=[tg.log_line(peak_memory="40000MiB")], config=fineweb_config())
+    (tmp_path / "stepbench.txt").write_text("new: median 617.0 ms/step over steps 21..45\n")  # not a log: passed over
+    out = tool.summary([tmp_path], target=None)
+    assert "skipped" not in out and "stepbench" not in out
     p = stats.ttest_1samp(finals, 3.28, alternative="less").pvalue
     assert p < 0.01 and f"p={p:.4g} meets" in out
     # the record's tokens: 520 steps each of 8, 16 and 24 micro-batches, then 40 of 24, x 16,384
     assert "runs:4 val_loss:3.2737+-0.0020" in out and "40000MiB" in out and f"{(520 * 48 + 40 * 24) * 16384:,}" in out
+    # runs on the proxy: 3.28 is FineWeb's target, so no test unless one is named
+    proxy = tmp_path / "proxy"
+    proxy.mkdir()
+    for i, loss in enumerate([3.88, 3.89]):
+        fake_log(proxy / f"p{i}.txt", [(0, 10.8, 0), (125, loss, 80_000)],
+                 config={**fineweb_config(), "train_files": "/tmp/proxy/proxy_train_*.bin"})
+    out = tool.summary([proxy], target=None)
+    assert "no t-test: these runs read /tmp/proxy/proxy_train_*.bin, not FineWeb" in out and "p=" not in out
+    assert "does not meet" in tool.summary([proxy], target=3.885)
+
+
+def fineweb_config():
+    return json.loads(json.dumps(tg.dataclasses.asdict(tg.Hyperparameters())))
+
+
+def test_logs_that_cannot_be_used_are_refused_not_skipped(tmp_path, capsys):
+    """A log with a source but no val line, or step lines without a source, makes a statistic refuse in one line
+    and exit non-zero; so do an empty, a missing or a garbage folder. plot says what it skipped, and refuses when
+    nothing is left; diff and source refuse what is not a log."""
+    fake_log(tmp_path / "good.txt", [(0, 10.8, 0), (125, 3.9, 80_000)])
+    fake_log(tmp_path / "nostart.txt", [], extra=["error: no shards match"])  # failed before its first step
+    for argv in (["summary", str(tmp_path)], ["compare", str(tmp_path), str(tmp_path)]):
+        assert tool.main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "refused: " in err and "nostart.txt: no config line or no val_loss lines" in err
+    (tmp_path / "nostart.txt").unlink()
+    (tmp_path / "broken.txt").write_text("step:1/2 val_loss:3.0\n")  # step lines, no source
+    assert tool.main(["summary", str(tmp_path)]) == 1 and "broken.txt: no embedded source" in capsys.readouterr().err
+    assert tool.main(["plot", str(tmp_path), "-o", str(tmp_path / "new" / "dir" / "c.png")]) == 0
+    out = capsys.readouterr().out
+    assert "skipped " in out and "broken.txt" in out and (tmp_path / "new" / "dir" / "c.png").exists()
+    empty, garbage = tmp_path / "empty", tmp_path / "garbage"
+    empty.mkdir()
+    garbage.mkdir()
+    (garbage / "x.txt").write_bytes(bytes(range(256)))
+    for argv, says in [(["summary", str(empty)], "no logs of train_gpt.py"),
+                       (["summary", str(tmp_path / "missing")], "missing: no such file or folder"),
+                       (["compare", str(empty), str(tmp_path)], "no logs of train_gpt.py"),
+                       (["plot", str(garbage), "-o", str(tmp_path / "g.png")], "no readable logs to plot"),
+                       (["diff", str(garbage / "x.txt")], "is not a text file"),
+                       (["diff", str(tmp_path / "missing.txt")], "no such file"),
+                       (["diff", str(tmp_path)], "is a folder"),
+                       (["diff", str(tmp_path / "good.txt"), "--against", str(garbage / "x.txt")], "not a text file"),
+                       (["source", str(tmp_path / "broken.txt"), "-o", str(tmp_path / "s.py")], "no embedded source")]:
+        assert tool.main(argv) == 1, argv
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and says in err, (argv, err)
+    assert not (tmp_path / "g.png").exists() and not (tmp_path / "s.py").exists()
 
 
 def test_summary_refuses_early_stopped_and_unfinished_runs(tmp_path):
@@ -65,7 +111,8 @@ def test_summary_refuses_early_stopped_and_unfinished_runs(tmp_path):
              extra=["error: the train loss (nan) became non-finite at step 1001"])
     out = tool.summary([tmp_path], target=3.28)
     assert "t-test refused: crashed.txt did not train all their steps" in out and "p=" not in out
-    assert "refused" in tool.compare(tmp_path, tmp_path)
+    with pytest.raises(tool.ToolError, match="refused: crashed.txt did not train all their steps"):
+        tool.compare(tmp_path, tmp_path)
 
 
 def test_a_resumed_log_reads_as_one_run(tmp_path):
@@ -114,18 +161,40 @@ def test_diff_shows_what_changed(tmp_path):
     assert tool.diff(log, log) == ""
 
 
-def test_plot_draws_each_run(tmp_path):
-    """Read the PNG back: each run's curve is drawn in its colour (matplotlib's C0, C1) on both panels."""
+def test_plot_draws_each_folder_in_its_colour(tmp_path):
+    """Read the PNG back: each folder's runs are drawn in its colour (matplotlib's C0, C1) on all three panels,
+    the loss axis zoomed to the runs (the start's 10.8 lies off it)."""
     import matplotlib.image as mpimg
-    fake_log(tmp_path / "a.txt", [(0, 10.8, 0), (10, 5.0, 1000), (20, 4.0, 2000)])
-    fake_log(tmp_path / "b.txt", [(0, 10.8, 0), (10, 6.0, 1500), (20, 4.5, 3000)])
-    tool.plot([tmp_path], tmp_path / "curve.png")
+    for arm, (a, b) in [("old", (5.0, 4.0)), ("new", (6.0, 4.5))]:
+        (tmp_path / arm).mkdir()
+        for seed in range(2):
+            fake_log(tmp_path / arm / f"s{seed}.txt", [(0, 10.8, 0), (10, a, 1000), (15, (a + b) / 2, 1500),
+                                                       (20, b + 0.01 * seed, 2000)])
+    assert tool.plot([tmp_path / "new", tmp_path / "old"], tmp_path / "curve.png").endswith("curve.png")
     img = mpimg.imread(tmp_path / "curve.png")[..., :3]
     width = img.shape[1]
     for colour in ["#1f77b4", "#ff7f0e"]:
         rgb = np.array([int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)])
         hit = np.abs(img - rgb).max(-1) < 0.05
-        assert hit[:, :width // 2].sum() > 200 and hit[:, width // 2:].sum() > 200, colour
+        for third in range(3):
+            assert hit[:, third * width // 3:(third + 1) * width // 3].sum() > 100, (colour, third)
+    green = np.abs(img - np.array([0x2c, 0xa0, 0x2c]) / 255).max(-1) < 0.05  # C2: no third colour for 2 folders
+    assert green.sum() < 20
+
+
+def test_current_record_runs_the_current_recipe():
+    """records/CURRENT names the arm whose logs ran the default recipe: every setting of the recipe (all but
+    the data, the step counts scaled to the proxy, and a run's own settings) equals train_gpt.py's default."""
+    current = (REPO / "records" / "CURRENT").read_text().strip()
+    runs, problems = tool.load_runs([REPO / "records" / current])
+    assert runs and not problems
+    scaled = {"num_steps", "extension_steps", "momentum_warmup_steps", "momentum_cooldown_steps"}
+    own = {"train_files", "val_files", "val_tokens", "val_every", "warmup_steps", "seed", "log_dir", "run_id",
+           "save_every", "keep_last", "resume", "profile_steps", "target_val_loss", "stop_at_target"}
+    defaults = fineweb_config()
+    for r in runs:
+        differ = {k for k, v in defaults.items() if k not in scaled | own and r.config.get(k) != v}
+        assert not differ, (r.path.name, differ)
 
 
 def test_records_readme_is_generated(tmp_path):
@@ -133,9 +202,14 @@ def test_records_readme_is_generated(tmp_path):
     rec.mkdir()
     (rec / "README.md").write_text("# Faster by a trick\n")
     fake_log(rec / "r0.txt", [(0, 10.8, 0), (1600, 3.27, 150_000)])
+    (rec / "ablation").mkdir()
+    fake_log(rec / "ablation" / "a0.txt", [(0, 10.8, 0), (1600, 3.30, 140_000)])
     (tmp_path / "notes").mkdir()  # not a record folder
+    (tmp_path / "CURRENT").write_text("2026-01-01_fast\n")
     table = tool.readme(tmp_path)
-    assert "| [2026-01-01_fast](2026-01-01_fast/) | Faster by a trick | 1 | 3.2700 | 150.0s | 1600 |" in table
+    assert ("| [2026-01-01_fast](2026-01-01_fast/) | Faster by a trick — **current default** | 1 | 3.2700 | 150.0s "
+            "| 1600 |") in table
+    assert "| [2026-01-01_fast/ablation](2026-01-01_fast/ablation/) | arm `ablation` | 1 | 3.3000 | 140.0s | 1600 |" in table
     assert "notes" not in table
     # the committed records/README.md is the tool's output, not hand-typed
     assert (REPO / "records" / "README.md").read_text() == tool.readme()
@@ -154,3 +228,27 @@ def test_baseline_log_is_read_and_its_flops_counted(sample_shards, tmp_path):
     matmul = sum(p.numel() for n, p in baseline.GPT2(layers=2).named_parameters() if p.ndim == 2 and "wpe" not in n)
     fpt, _ = tool.flops_per_token(run.config)
     assert fpt == 6 * matmul + 12 * 768 * 2 * 1024 / 2  # wte counts once: it is the tied head's matmul
+
+
+def test_benches_import_run_their_parsers_and_agree_on_the_bench():
+    """Every benchmark lives in records/bench/ and keeps working: the Python ones import (train_gpt's public
+    names only) and parse their flags, the shell ones pass bash -n; stepbench times the recipe bench's after
+    arm (the same scaled flags), and --set names KernelSettings fields. No script lies in a record folder."""
+    import re
+    import subprocess
+    bench = REPO / "records" / "bench"
+    stepbench = load_script("stepbench", "records/bench/stepbench.py")
+    args, extra = stepbench.parse(["--out", "o", "--name", "n", "--set", "ce_tiles=(16,512,8)", "--", "--seq_len", "256"])
+    assert args.steps == "80,100" and extra == ["--", "--seq_len", "256"]
+    assert all(hasattr(tg.KernelSettings(), s.split("=")[0]) for s in args.set)
+    recipe = (bench / "recipe.sh").read_text()
+    assert " ".join(stepbench.SCALED) in recipe.replace("(", " ").replace(")", " ").replace("\n", " ") or \
+        all(flag in recipe for flag in stepbench.SCALED)
+    for script in sorted(bench.glob("*.sh")):
+        assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, script
+    for script in sorted(bench.glob("*.py")):
+        assert not re.search(r"\btg\._", script.read_text()), f"{script} uses a private name of train_gpt.py"
+    assert not list((REPO / "records").glob("20*/**/*.py")), "record folders hold logs, READMEs and profiles"
+    # the before arm's script is the Aug-2025 record's, out of its log
+    before = re.search(r"records/tool.py source (\S+)", recipe).group(1)
+    assert "class GPT" in tool.source_of(REPO / before, log=True)

@@ -460,14 +460,13 @@ def test_head_loss_equals_the_formula_on_bf16_operands():
     assert ntp.item() == pytest.approx(want_ntp.sum().item(), rel=2e-3)
 
 
-def test_eval_loss_is_the_next_token_sum_in_chunks(monkeypatch):
+def test_eval_loss_is_the_next_token_sum_in_chunks():
     gen = torch.Generator().manual_seed(0)
     x, w = torch.randn(1, 300, 48, generator=gen), torch.randn(500, 48, generator=gen)
     targets = torch.randint(0, 500, (300,), generator=gen)
     whole = tg.eval_loss(x, w, targets)
     _, ntp = tg.head_loss(x, w, targets, torch.tensor([1.0, 0.0, 0.0]), fp8=False)
-    monkeypatch.setattr(tg, "EVAL_CHUNK", 70)
-    assert tg.eval_loss(x, w, targets).item() == pytest.approx(whole.item(), rel=1e-5)
+    assert tg.eval_loss(x, w, targets, chunk=70).item() == pytest.approx(whole.item(), rel=1e-5)
     assert whole.item() == pytest.approx(ntp.item(), rel=1e-5)
 
 
@@ -792,3 +791,20 @@ def test_fp8_head_only_where_the_gpu_has_fp8_tensor_cores():
     """build() turns the FP8 head off (with a log line) on GPUs below compute capability 8.9."""
     assert [tg.has_fp8_tensor_cores(c) for c in [(7, 0), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0)]] == \
         [False, False, False, True, True, True]
+
+
+def test_every_symbol_of_the_recipe_map_exists():
+    """The map at the top of train_gpt.py sends a reader from each trick to its code: every name after a line's
+    dotted leader must be an attribute of the module, or of a class in it."""
+    import re
+    block = open(tg.__file__).read().split("# Recipe map")[1].split("# Where ours is laid out")[0]
+    names = []
+    for line in block.splitlines():
+        if m := re.search(r"\.{2,} (.*)$", line):
+            names += [n for n in re.split(r"[,\s]+", re.sub(r"\(.*", "", m.group(1))) if n]
+    assert len(names) > 20, names
+    for name in names:
+        obj = tg
+        for part in name.split("."):
+            assert hasattr(obj, part), name
+            obj = getattr(obj, part)

@@ -47,9 +47,10 @@ def test_golden_loss_curve(sample_shards, tmp_path):
 
 def test_warmup_leaves_no_trace(sample_shards, tmp_path):
     cold = losses(tiny_run(sample_shards, tmp_path, "--num_steps", "3", "--run_id", "cold"))
-    warm_log = tiny_run(sample_shards, tmp_path, "--num_steps", "3", "--run_id", "warm", "--warmup_steps", "2")
+    # 3 warm-up steps: the last is even, so Adam's grads of it wait for a next step that must not come
+    warm_log = tiny_run(sample_shards, tmp_path, "--num_steps", "3", "--run_id", "warm", "--warmup_steps", "3")
     assert cold == losses(warm_log)
-    assert "warmup_step:1/2" in warm_log and "warmup_step:2/2" in warm_log
+    assert "warmup_step:1/3" in warm_log and "warmup_step:3/3" in warm_log
 
 
 GLOO_BATCH = 12  # sequences per step: 1, 2, 4 and 12 processes all divide it
@@ -58,8 +59,11 @@ GLOO_BATCH = 12  # sequences per step: 1, 2, 4 and 12 processes all divide it
 def gloo_run(shards, log_dir, nproc: int, run_id: str) -> str:
     args = [*tiny_args(shards, log_dir), "--batch_seqs", str(GLOO_BATCH), "--num_steps", "3", "--save_every", "3"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # every process single-threaded: same matmul summation order
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                    str(REPO / "train_gpt.py"), *args, "--run_id", run_id], check=True, env=env, timeout=600)
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                          str(REPO / "train_gpt.py"), *args, "--run_id", run_id], env=env, timeout=600,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Warning" not in out.stderr, out.stderr[-3000:]  # e.g. torch's deprecated collective names
     return (log_dir / f"{run_id}.txt").read_text()
 
 
@@ -69,11 +73,12 @@ def one_process(sample_shards, tmp_path_factory):
     return d, gloo_run(sample_shards, d, 1, "one")
 
 
-@pytest.mark.parametrize("world", [4, 12])
+@pytest.mark.parametrize("world", [4])
 def test_gloo_processes_equal_one_with_accumulation(sample_shards, one_process, world):
-    """Same batch, same steps at any world size. With 4 ranks the 3 attention matrices of TINY leave one Muon
-    slot as padding; with 12 (more than one node's 8 GPUs) most ranks hold only padding in some buckets, and
-    each rank reduces 1 of the 12 sequences."""
+    """Same batch, same steps at any world size. With 4 ranks the 3 attention matrices of TINY leave one NorMuon
+    slot as padding, so one rank holds only padding in that bucket, and each rank reduces 3 of the 12
+    micro-batches. (12 ranks, more than a node's 8 GPUs, passed too when this was written; at 30 s on 2 cores
+    the suite's budget left it out.)"""
     d, one = one_process
     many = gloo_run(sample_shards, d, world, f"many{world}")
     assert f"world_size:{world}" in many
@@ -265,11 +270,10 @@ def test_full_width_fp8_head_stays_within_its_scales_while_training(sample_shard
     width = ["--model_dim", "768", "--num_heads", "6", "--head_dim", "128", "--num_layers", "2",
              "--long_window_layers", "0", "--no_attn_layers", "1", "--paired_head_layers", "0", "--value_embeds=-1,-1",
              "--bigram_vocab", "0", "--skip", "0,1", "--backout_layer", "0", "--batch_seqs", "1", "--fp8_head", "1"]
-    log = tiny_run(sample_shards, tmp_path, *width, "--num_steps", "2", "--save_every", "2", "--val_every", "0",
-                   "--val_tokens", "1024", "--run_id", "fp8")
-    assert all(math.isfinite(v) for v in losses(log).values())
-    model = tg.GPT(tg.parse_args(tiny_args(sample_shards, tmp_path, *width)))
-    model.load_state_dict(torch.load(tmp_path / "fp8_step000002.pt", weights_only=True)["model"])
+    trainer = tg.build(tg.parse_args(tiny_args(sample_shards, tmp_path, *width, "--num_steps", "2")))
+    losses_seen = [tg.train_step(trainer, step) for step in range(2)]
+    assert all(math.isfinite(v) for v in losses_seen)
+    model = trainer.model
     w = model.head_w.detach()
     assert 4 < w.float().abs().max() / tg.HEAD_W_SCALE < tg.E4M3_MAX, "trained weights use e4m3's range, within it"
     seq = tg.load_val_tokens(str(sample_shards / "sample_val_*.bin"), 1024)[:513].long()
@@ -548,3 +552,14 @@ if __name__ == "__main__" and sys.argv[1:] == ["--regenerate"]:
         golden, _ = golden_run(make_sample_shards(Path(tmp) / "sample"), Path(tmp))
     GOLDEN.write_text("{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in golden.items()) + "\n}\n")
     print(f"wrote {GOLDEN}")
+
+
+def test_the_embedding_unties_at_its_step(sample_shards, tmp_path):
+    """Until the split step the token embedding is lm_head's copy; after it each learns on its own: with
+    --split_embed_frac 0 the split follows Adam's first step (step 1), so they are equal at step 2 and differ
+    after Adam's second (step 3)."""
+    tiny_run(sample_shards, tmp_path, "--num_steps", "4", "--save_every", "2", "--keep_last", "0",
+             "--split_embed_frac", "0", "--run_id", "split")
+    for step, tied in [(2, True), (4, False)]:
+        model = torch.load(tmp_path / f"split_step{step:06d}.pt", weights_only=True)["model"]
+        assert torch.equal(model["head_w"], model["embed.weight"]) == tied, step

@@ -4,8 +4,11 @@ import errno
 import re
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -198,6 +201,7 @@ def test_a_failed_write_keeps_the_previous_checkpoint(sample_shards, tmp_path, m
     (["--momentum_warmup_steps", "0"], "--momentum_warmup_steps must be positive"),
     (["--num_heads", "3"], "--num_heads 3 x --head_dim 32 = 96, but --model_dim is 64"),
     (["--seq_len", "100"], "--seq_len 100 must be a multiple of 128"),
+    (["--seed", str(2**63)], "--seed must be at least 0 and below 2\\^63"),
     (["--val_tokens", "100"], "--val_tokens 100 is not a whole number of --val_seq_len 1024 sequences: make it 1024"),
     (["--val_tokens", "30720", "--num_steps", "2"], "val shards .* hold 28,231 tokens; --val_tokens asks for 30,720"),
     (["--long_window_layers", "0,9"], "--long_window_layers names layers \\[9\\], which do not exist"),
@@ -259,6 +263,22 @@ def test_world_size_message_lists_the_counts_that_run(monkeypatch, world, batch,
     with pytest.raises(SystemExit, match=f"launch with --nproc_per_node \\(x nodes\\) in {counts}, the common "
                                          f"divisors"):
         tg.main(["--device", "cpu", "--batch_seqs", batch])
+
+
+def test_help_lists_every_flag():
+    """--help through the real entry point: exit 0 and every hyperparameter listed. Help strings are plain text:
+    a % in one (once '2% faster', which crashed --help) must print as itself."""
+    out = subprocess.run([sys.executable, str(REPO / "train_gpt.py"), "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    for f in tg.dataclasses.fields(tg.Hyperparameters):
+        assert f"--{f.name} " in out.stdout, f.name
+    assert "--preset {books,smoke}" in out.stdout
+    parser = tg.argparse.ArgumentParser()
+    f = tg.dataclasses.field(default=2, metadata={"help": "2% faster, 100 %s"})
+    f.name = "x"
+    parser.add_argument("--x", help=tg.help_text(f))
+    assert "2% faster, 100 %s (default: 2)" in " ".join(parser.format_help().split())
 
 
 def test_refuses_to_run_without_gpu_unless_asked(monkeypatch):
@@ -473,14 +493,28 @@ def test_shard_globs_that_name_folders_or_broken_links(sample_shards, tmp_path):
         assert "\n" not in str(e.value)
 
 
-def test_a_shard_without_document_starts_is_refused_before_the_log(sample_shards, tmp_path):
-    (tmp_path / "data").mkdir()
-    write_shard(tmp_path / "data" / "n_000001.bin", np.arange(5000) % 50000)
+def test_every_shard_is_checked_before_the_log(sample_shards, tmp_path):
+    """A later shard without a document start, or with a token beyond GPT-2's, is refused before step 0 (it was
+    skipped, or found an hour in); so is a train glob that also matches the val shard."""
+    tokens = tg.load_shard(str(sample_shards / "sample_train_000001.bin"))
+    data = tmp_path / "data"
+    data.mkdir()
+    write_shard(data / "n_000001.bin", tokens)
+    write_shard(data / "n_000002.bin", np.arange(5000) % 50000)
     args = tiny_args(sample_shards, tmp_path / "logs", "--num_steps", "1", "--extension_steps", "0")
-    args[args.index("--train_files") + 1] = str(tmp_path / "data" / "n_*.bin")
-    with pytest.raises(SystemExit, match="holds a document start"):
+    args[args.index("--train_files") + 1] = str(data / "n_*.bin")
+    with pytest.raises(SystemExit, match="n_000002.bin holds no document start"):
         tg.main(args)
-    assert not (tmp_path / "logs").exists() or list((tmp_path / "logs").iterdir()) == []
+    bad = tokens.copy()
+    bad[-3] = 50300
+    write_shard(data / "n_000002.bin", bad)
+    with pytest.raises(SystemExit, match="n_000002.bin: token 50300 at position"):
+        tg.main(args)
+    assert not (tmp_path / "logs").exists() or [p.name for p in (tmp_path / "logs").iterdir()] == []
+    args[args.index("--train_files") + 1] = str(sample_shards / "sample_*.bin")
+    with pytest.raises(SystemExit, match="--train_files also matches .*sample_val_000000.bin, a shard --val_files "
+                                         "scores"):
+        tg.main(args)
 
 
 def test_checkpoints_with_the_right_keys_and_wrong_contents(sample_shards, run6, tmp_path):
@@ -546,3 +580,212 @@ def test_logs_are_created_exclusively_without_hard_links_too(tmp_path, monkeypat
     assert (tmp_path / "a.txt").read_text().startswith(open(tg.__file__).read())
     with pytest.raises(tg.UserError, match="a.txt exists: another launch"):
         tg.start_log(tmp_path / "a.txt", tg.__file__)
+
+
+# ---- round three (issue 31): recovery from divergence, checked checkpoints, one process per run, interrupts
+
+def test_divergence_names_a_healthy_checkpoint_and_pruning_keeps_it(sample_shards, tmp_path):
+    """Weights blown up by a huge Adam lr: checkpoints written after the loss rose above a uniform guess's are
+    marked unhealthy; the error names the newest healthy one, which --keep_last 1 has not deleted."""
+    with pytest.raises(SystemExit) as e:
+        tiny_run(sample_shards, tmp_path, "--num_steps", "10", "--batch_seqs", "1", "--adam_lr", "100",
+                 "--save_every", "1", "--keep_last", "1", "--run_id", "blown")
+    named = re.search(r"Newest good checkpoint: (\S+)\.", str(e.value)).group(1)
+    good = torch.load(named, weights_only=True)
+    assert good["healthy"] and good["step"] < 10 and "healthy:no" in (tmp_path / "blown.txt").read_text()
+    newest = max(tmp_path.glob("blown_step*.pt"))
+    assert newest != Path(named) and not torch.load(newest, weights_only=True)["healthy"]
+
+
+def test_zero_learning_rates_are_not_called_a_divergence(sample_shards, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        tiny_run(sample_shards, tmp_path, "--num_steps", "10", "--batch_seqs", "1", "--muon_lr", "0", "--adam_lr", "0")
+    assert "the learning rates are 0 (--muon_lr 0 --adam_lr 0), so nothing trains" in str(e.value)
+    assert "diverged" not in str(e.value)
+
+
+def test_checkpoints_are_checked_when_read(sample_shards, run6, tmp_path):
+    """A flipped byte in the tensors (torch's zip reader does not check), non-finite weights, a step or data
+    position below 0 or an infinite time: --resume and --generate refuse each in one line."""
+    d, _ = run6
+    good_path = d / "r_step000003.pt"
+    raw = bytearray(good_path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    (tmp_path / "flipped.pt").write_bytes(bytes(raw))
+    good = torch.load(good_path, weights_only=True)
+
+    def rewritten(name, **changes):
+        ckpt = {**good, **changes}
+        ckpt["content_sha256"] = tg.content_digest(ckpt["model"], ckpt["optimizer"])
+        torch.save(ckpt, tmp_path / name)
+        return tmp_path / name
+
+    nan_model = {k: v.clone() for k, v in good["model"].items()}
+    nan_model["head_w"][0, 0] = float("nan")
+    cases = [(tmp_path / "flipped.pt", "do not match the hash written with them: the file is corrupt"),
+             (rewritten("nan.pt", model=nan_model), "its weights are not finite \\(head_w"),
+             (rewritten("negative.pt", step=-3), "step -3 and train_ms"),
+             (rewritten("doc.pt", loader={"shard": 0, "doc": -1}), "data position is not two integers of 0 or more"),
+             (rewritten("time.pt", train_ms=float("inf")), "the step and time must be 0 or more")]
+    for path, says in cases:
+        for argv in (resume_args(sample_shards, tmp_path / "logs", "--resume", str(path)),
+                     ["--generate", str(path), "--prompt", "hi", "--device", "cpu"]):
+            with pytest.raises(SystemExit, match=says) as e:
+                tg.main(argv)
+            assert "\n" not in str(e.value), argv
+    assert not list((tmp_path / "logs").glob("*.txt")) if (tmp_path / "logs").exists() else True
+
+
+def test_a_foreign_pickle_is_called_what_it_is(sample_shards, tmp_path):
+    torch.save({"model": _RunsCode(str(tmp_path / "pwned"))}, tmp_path / "evil.pt")
+    for argv in (resume_args(sample_shards, tmp_path, "--resume", str(tmp_path / "evil.pt")),
+                 ["--generate", str(tmp_path / "evil.pt"), "--prompt", "hi", "--device", "cpu"]):
+        with pytest.raises(SystemExit, match="not a checkpoint of this trainer: it holds objects other than") as e:
+            tg.main(argv)
+        assert "weights_only" not in str(e.value)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_second_launch_of_a_live_run_is_refused(sample_shards, tmp_path):
+    """Another process holds the run's lock: refused in one line, leaving its files alone; once that process is
+    gone (however it ended), the run_id is free."""
+    lock = tmp_path / ".live.lock"
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time\nf = open(sys.argv[1], 'a+')\n"
+                               "fcntl.flock(f, fcntl.LOCK_EX)\nf.write('pid 4242 on elsewhere'); f.flush()\n"
+                               "print('held', flush=True)\ntime.sleep(60)", str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(SystemExit, match="run live is running already \\(pid 4242 on elsewhere holds .*live.lock\\)"):
+            tiny_run(sample_shards, tmp_path, "--num_steps", "1", "--extension_steps", "0", "--run_id", "live")
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".live.lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+    tiny_run(sample_shards, tmp_path, "--num_steps", "1", "--extension_steps", "0", "--run_id", "live")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["live.txt"]  # the lock file goes with the run
+
+
+def test_a_resume_from_an_older_checkpoint_sets_the_later_ones_aside(sample_shards, tmp_path):
+    tiny_run(sample_shards, tmp_path, "--num_steps", "6", "--save_every", "2", "--keep_last", "0", "--run_id", "l")
+    log = tg.main(tiny_args(sample_shards, tmp_path, "--num_steps", "6", "--save_every", "2", "--keep_last", "2",
+                            "--resume", str(tmp_path / "l_step000002.pt"))).read_text()
+    assert "note:later_checkpoints_set_aside steps:4,6" in log
+    names = sorted(p.name for p in tmp_path.glob("l_step*"))
+    assert names == ["l_step000004.abandoned.pt", "l_step000004.pt", "l_step000006.abandoned.pt", "l_step000006.pt"]
+
+
+def test_a_full_disk_while_appending_to_the_log_is_one_line_and_no_half_line(sample_shards, tmp_path, monkeypatch):
+    real_open = open
+
+    class FullDisk:
+        def __init__(self, f):
+            self.f = f
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            self.f.close()
+
+        def write(self, text):
+            self.f.write(text[:5])
+            self.f.flush()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    (tmp_path / "x.txt").write_text("first line\n")
+    monkeypatch.setattr(tg, "open", lambda p, mode="r", *a, **k: FullDisk(real_open(p, mode, *a, **k)) if mode == "a"
+                        else real_open(p, mode, *a, **k), raising=False)
+    with pytest.raises(tg.UserError, match="cannot append to the log .*x.txt \\(No space left on device\\): free disk "
+                                           "space, then resume from the newest checkpoint \\(c.pt\\)"):
+        tg.append_line(tmp_path / "x.txt", "step:2/3 train_loss:1.0", "c.pt")
+    monkeypatch.undo()
+    assert (tmp_path / "x.txt").read_text() == "first line\n"
+
+
+def test_interrupts_and_sigterm_are_one_line(sample_shards, tmp_path, monkeypatch):
+    """Ctrl-C while compiling: no step was trained, and the new run leaves no log. SIGTERM while a checkpoint is
+    written: one line naming the newest complete checkpoint, no .tmp left."""
+    def ctrl_c(trainer):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(tg, "warm_up", ctrl_c)
+    with pytest.raises(SystemExit, match="^error: interrupted before the first step \\(while starting or compiling\\): "
+                                         "no step was trained$"):
+        tiny_run(sample_shards, tmp_path, "--num_steps", "2", "--run_id", "w")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    real_save, calls = torch.save, []
+
+    def sigterm(obj, f):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        real_save(obj, f)
+
+    monkeypatch.setattr(tg.torch, "save", sigterm)
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as e:
+        tiny_run(sample_shards, tmp_path, "--num_steps", "3", "--save_every", "1", "--run_id", "s")
+    assert str(e.value) == f"error: terminated (SIGTERM) at step 2; the newest complete checkpoint is " \
+                           f"{tmp_path / 's_step000001.pt'}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.txt", "s_step000001.pt"]
+    assert signal.getsignal(signal.SIGTERM) == handler  # main() puts the handler back
+
+
+def test_ctrl_c_while_torch_imports_is_one_line(tmp_path):
+    proc = subprocess.Popen([sys.executable, str(REPO / "train_gpt.py"), "--device", "cpu"], stderr=subprocess.PIPE,
+                            text=True)
+    time.sleep(0.5)  # importing torch takes seconds
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 1 and err == "error: interrupted while starting (importing torch)\n", err
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--temperature", "nan"], "--temperature a finite number 0 or more \\(nan\\)"),
+    (["--temperature", "inf"], "--temperature a finite number 0 or more \\(inf\\)"),
+    (["--top_k", "-5"], "--top_k 0 or more \\(-5\\)"),
+    (["--seed", str(2**70)], "--seed within 0..2\\^63"),
+])
+def test_generate_refuses_values_that_cannot_be_right(run6, argv, says):
+    d, _ = run6
+    with pytest.raises(SystemExit, match=says) as e:
+        tg.main(["--generate", str(d / "r_step000003.pt"), "--prompt", "hi", "--device", "cpu", *argv])
+    assert "\n" not in str(e.value)
+
+
+def test_a_wrong_shape_says_which_weight(sample_shards, run6, tmp_path):
+    d, _ = run6
+    good = torch.load(d / "r_step000003.pt", weights_only=True)
+    model = {**good["model"], "x0_lambdas": torch.zeros(5)}
+    torch.save({**good, "model": model, "content_sha256": tg.content_digest(model, good["optimizer"])},
+               tmp_path / "shape.pt")
+    with pytest.raises(SystemExit, match="does not fit this model: Error\\(s\\) in loading state_dict for GPT: .*"
+                                         "x0_lambdas"):
+        tg.main(resume_args(sample_shards, tmp_path / "logs", "--resume", str(tmp_path / "shape.pt")))
+
+
+def test_presets_build_and_flags_beside_them_win():
+    for name in tg.PRESETS:
+        cfg = tg.parse_args(["--preset", name])
+        tg.check_config(cfg)
+        assert cfg.device == "cpu" and cfg.train_files == "data/sample_shards/sample_train_*.bin"
+    assert tg.parse_args(["--preset", "smoke", "--num_steps", "7"]).num_steps == 7
+    assert tg.parse_args(["--num_steps", "7", "--preset", "smoke"]).num_steps == 7
+
+
+def test_the_readmes_commands_name_what_exists():
+    """The quick start's commands: every script and flag it names exists, and its CPU block reruns (a fresh
+    run_id each time)."""
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("**CPU**")[1].split("```bash")[1].split("```")[0]
+    for script in re.findall(r"python (\S+\.py)", block):
+        assert (REPO / script).exists(), script
+    flags = {f"--{f.name}" for f in tg.dataclasses.fields(tg.Hyperparameters)} | {"--preset", "--generate",
+                                                                                   "--prompt", "--max_new_tokens"}
+    for line in block.splitlines():
+        if "train_gpt.py" in line:
+            assert set(re.findall(r"--[a-z_]+", line)) <= flags, line
+    assert "--run_id smoke_$(date +%s)" in block

@@ -1,25 +1,25 @@
-"""Time train steps A..B of the one-GPU proxy bench without running the whole bench: the same shards, flags
-and windows as records/seeds.sh, compiled and warmed up as train_gpt.py does, then each step synchronized
-and timed; optionally a profile of two steps. About a minute per variant, so one device call compares
-several. Writes its log (with the source) and profile to --out. Used by the records 2026-12-03_speed-h200
-(before the step's kernel tally and the not-learning switch-off were added), 2026-12-03_speed2-h200 and
-2026-12-03_speed3-h200.
+"""Time train steps A..B of the recipe bench without running the whole bench: the proxy shards and the
+scaled flags of records/bench/recipe.sh's after arm, compiled and warmed up as train_gpt.py does, then each
+step synchronized and timed; optionally a profile of two steps and a trace of one. About a minute per variant,
+so one device call compares several. Writes its log (with the source), profile and trace to --out.
 
-    python records/stepbench.py --out DIR --name NAME [--script train_gpt.py]
-        [--steps 21,45] [--profile 30,31] [--gaps 33] [--set NAME=VALUE] [-- TRAIN_GPT_FLAGS...]
+    python records/bench/stepbench.py --out DIR --name NAME [--steps 80,100] [--profile 90,91] [--gaps 95]
+        [--set FIELD=VALUE ...] [-- TRAIN_GPT_FLAGS...]
+
+--set changes a field of train_gpt.KernelSettings (how kernels launch), e.g. --set ce_tiles=(16,512,8). The
+default steps lie in the last third (24 micro-batches a step). It imports train_gpt.py's public names only; for
+an older script, use the stepbench of its commit (git show COMMIT:records/stepbench.py).
 """
 import argparse
 import ast
 import collections
 import contextlib
-import importlib.util
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @contextlib.contextmanager
@@ -65,37 +65,46 @@ def summarize_trace(prof, out: str, name: str):
     (Path(out) / f"{name}_gaps.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:12]), flush=True)
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+import train_gpt as tg  # noqa: E402
+
+# the after arm of records/bench/recipe.sh: the record's FineWeb steps scaled by 125/1695
+SCALED = ["--num_steps", "118", "--extension_steps", "3", "--momentum_warmup_steps", "22",
+          "--momentum_cooldown_steps", "4"]
+
+
+def parse(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--name", required=True)
-    parser.add_argument("--script", default=str(REPO / "train_gpt.py"))
-    parser.add_argument("--data", default="/tmp/proxy")
-    parser.add_argument("--steps", default="21,45")
-    parser.add_argument("--profile", default="")
-    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="override a module constant of the script, e.g. CE_TILES=(64,128,8)")
+    parser.add_argument("--data", default="/tmp/proxy", help="folder of the unpacked proxy shards")
+    parser.add_argument("--steps", default="80,100", help="first,last step to time")
+    parser.add_argument("--profile", default="", help="A,B: profile these steps (train_gpt's --profile_steps)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a KernelSettings field, e.g. ce_tiles=(16,512,8)")
     parser.add_argument("--gaps", type=int, default=-1, help="a step to trace with host and device activity: "
                         "where the GPU waits, and on what")
-    args, extra = parser.parse_known_args()
-    spec = importlib.util.spec_from_file_location("bench_train_gpt", args.script)
-    tg = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tg)
-    # the bench's steps start from the initial weights, whose zero head gives exactly ln(vocab) at any step:
-    # not the diverged run that the check at LEARNING_BY_STEP is there to stop
-    tg.LEARNING_BY_STEP = float("inf")
-    for assignment in args.set:
-        name, value = assignment.split("=", 1)
-        setattr(tg, name, ast.literal_eval(value))
+    return parser.parse_known_args(argv)
+
+
+def main(argv=None):
+    args, extra = parse(argv)
     first, last = map(int, args.steps.split(","))
     prof_first, prof_last = map(int, args.profile.split(",")) if args.profile else (-1, -1)
     flags = ["--train_files", f"{args.data}/proxy_train_*.bin", "--val_files", f"{args.data}/proxy_val_*.bin",
-             "--val_tokens", "1572864", "--num_steps", "125", "--val_every", "0", "--warmup_steps", "3",
-             "--log_dir", args.out, "--run_id", args.name, *(["--profile_steps", args.profile] if args.profile else []),
+             "--val_tokens", "1572864", *SCALED, "--val_every", "0", "--warmup_steps", "3", "--log_dir", args.out,
+             "--run_id", args.name, *(["--profile_steps", args.profile] if args.profile else []),
              *[f for f in extra if f != "--"]]
     t = tg.build(tg.parse_args(flags))
+    for assignment in args.set:  # before the first step: the compiled graphs read the settings when traced
+        name, value = assignment.split("=", 1)
+        setattr(t.kernels, name, ast.literal_eval(value))
+    # the bench's steps start from the initial weights, whose loss stays near a uniform guess's: not the
+    # diverged run that the not-learning check is there to stop
+    t.learning_by_step = float("inf")
     tg.warm_up(t)
-    t.train_loader.load_state({"shard": 0, "pos": 0})
+    t.train_loader.load_state({"shard": 0, "doc": 0})
     t.clock.start()
     times = []
     for step in range(first, last + 1):
@@ -114,3 +123,7 @@ if __name__ == "__main__":
     print(line, flush=True)
     with open(Path(args.out) / "stepbench.txt", "a") as f:
         f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
