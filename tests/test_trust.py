@@ -789,3 +789,10 @@ def test_the_readmes_commands_name_what_exists():
         if "train_gpt.py" in line:
             assert set(re.findall(r"--[a-z_]+", line)) <= flags, line
     assert "--run_id smoke_$(date +%s)" in block
+
+
+def test_a_micro_batch_longer_than_every_shard_says_so(sample_shards, tmp_path):
+    with pytest.raises(SystemExit, match="no shard of .* holds --seq_len 262144 \\+ 1 tokens of documents .*lower "
+                                         "--seq_len or use larger shards") as e:
+        tiny_run(sample_shards, tmp_path, "--seq_len", "262144", "--num_steps", "1", "--extension_steps", "0")
+    assert "must begin with" not in str(e.value)
