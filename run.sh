@@ -6,7 +6,8 @@ cd "$(dirname "$0")"
 # check for GPUs before installing the multi-GB CUDA torch or downloading 1.8 GB of data
 if ! gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); then gpus=0; fi
 if [ "$gpus" -eq 0 ]; then
-    echo "error: no NVIDIA GPU visible (nvidia-smi); ./run.sh trains on GPUs. For a CPU smoke run see README.md" >&2
+    echo "error: no NVIDIA GPU visible (nvidia-smi); ./run.sh trains on GPUs. On CPU: python train_gpt.py" \
+         "--preset smoke (README.md, Quick start)" >&2
     exit 1
 fi
 # the torch that GPUs here were tested with (its CUDA build, which brings its Triton); a newer one may compile

@@ -4,6 +4,8 @@ train_gpt.py: train a GPT-2-small-class model on FineWeb .bin shards to val loss
     torchrun --standalone --nproc_per_node=8 train_gpt.py      # the record setup; 1, 2, 4 or 8 GPUs run the
                                                                # same training (fewer GPUs accumulate)
     python train_gpt.py --help                                 # every hyperparameter; any one can be overridden
+    python train_gpt.py --preset smoke                         # a tiny model on CPU, on the shipped books
+    python train_gpt.py --generate CKPT --prompt "Once"        # sample from a checkpoint (--generate --help)
 
 The recipe is the NanoGPT speedrun record of 2026-01-19 (BigramHashEmbedding: 1600 steps, batches growing from
 131,072 to 393,216 tokens, mean val loss 3.2776 on 8xH100); the map below names where each of its tricks lives.
@@ -81,6 +83,7 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -126,6 +129,9 @@ def H(default, help: str):
     return field(default=default, metadata={"help": help})
 
 
+AUTO_MICRO_BATCH = 2  # sequences per forward pass where they divide evenly (records/2026-12-05_speed7-h200)
+
+
 @dataclass
 class Hyperparameters:
     # data
@@ -139,6 +145,9 @@ class Hyperparameters:
     max_doc_len: int = H(2048, "training documents are clipped to this many tokens (record)")
     batch_seqs: tuple = H((8, 16, 24), "micro-batches per step, one value per equal part of the scheduled steps: "
                                        "8, 16, 24 x 16,384 = 131K, 262K, 393K tokens (record)")
+    micro_batch: int = H(0, "sequences per forward pass, dividing each stage's sequences per process: the same "
+                            "training (only rounding moves), fewer passes for more memory. 0 = auto: "
+                            f"{AUTO_MICRO_BATCH} where that divides them, else 1")
     # schedule
     num_steps: int = H(1600, "optimizer steps (record)")
     extension_steps: int = H(40, "the last steps, trained at the final lr, window and batch (record)")
@@ -241,13 +250,16 @@ class KernelSettings:
 
 # settings that may differ between a checkpoint and the run resuming it: none of them changes the training
 RESUME_FREE = ("log_dir", "run_id", "val_every", "save_every", "keep_last", "warmup_steps", "resume",
-               "target_val_loss", "stop_at_target", "profile_steps", "flex_tiles")
+               "target_val_loss", "stop_at_target", "profile_steps", "flex_tiles", "micro_batch")
 # and these may change on resume too, logged: lower rates are how a diverged run continues from a checkpoint
-RESUME_ADJUSTABLE = ("muon_lr", "adam_lr")
+RESUME_ADJUSTABLE = ("muon_lr", "adam_lr", "lr_stage_scales")
 RUN_ID_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # a plain file name; 200 leaves room for _step...
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, **kwargs):  # no abbreviations: --lr must not quietly mean --lr_stage_scales
+        super().__init__(allow_abbrev=False, **kwargs)
+
     def error(self, message):  # one line, not the usage of 50 flags
         self.exit(2, f"error: {message} (`python train_gpt.py --help` lists every flag)\n")
 
@@ -282,8 +294,9 @@ def help_text(f) -> str:
 
 # The record's layout at a width that trains on 2 CPU cores, on the shipped books (data/tokenize_text.py makes
 # data/sample_shards/): 4 layers, layer 1 without attention, layer 2's heads paired, layers 0 and 3 long-windowed
-_CPU = dict(device="cpu", train_files="data/sample_shards/sample_train_*.bin",
-            val_files="data/sample_shards/sample_val_*.bin", num_layers=4, num_heads=2, head_dim=32, model_dim=64,
+SAMPLE_SHARDS = Path(__file__).resolve().parent / "data" / "sample_shards"  # the presets' data, wherever one runs from
+_CPU = dict(device="cpu", train_files=str(SAMPLE_SHARDS / "sample_train_*.bin"),
+            val_files=str(SAMPLE_SHARDS / "sample_val_*.bin"), num_layers=4, num_heads=2, head_dim=32, model_dim=64,
             long_window_layers=(0, 3), no_attn_layers=(1,), paired_head_layers=(2,), value_embeds=(1, -1, 0, 1),
             skip=(0, 2), backout_layer=2, windows=(2, 4), final_window=4, val_window=6, bigram_vocab=5 * 4096,
             fp8_head=False, warmup_steps=0, val_seq_len=1024, val_tokens=8192)
@@ -331,7 +344,7 @@ def check_config(cfg: Hyperparameters):
         if getattr(cfg, name) <= 0:
             raise UserError(f"--{name} must be positive (it is {getattr(cfg, name)})")
     for name in ["val_every", "save_every", "keep_last", "warmup_steps", "extension_steps", "bigram_vocab",
-                 "momentum_cooldown_steps"]:
+                 "momentum_cooldown_steps", "micro_batch"]:
         if getattr(cfg, name) < 0:
             raise UserError(f"--{name} must be 0 or more (it is {getattr(cfg, name)})")
     if cfg.extension_steps >= cfg.num_steps:
@@ -357,6 +370,8 @@ def check_config(cfg: Hyperparameters):
     check_layout(cfg)
     if cfg.profile_steps and not (len(cfg.profile_steps) == 2 and 0 <= cfg.profile_steps[0] <= cfg.profile_steps[1]):
         raise UserError(f"--profile_steps takes two steps A,B with A <= B (it is {cfg.profile_steps})")
+    if not 0 < cfg.target_val_loss < math.inf:
+        raise UserError(f"--target_val_loss must be a finite number above 0 (it is {cfg.target_val_loss})")
     for name in ["muon_lr", "adam_lr", "muon_wd", "adam_wd"]:
         if not 0 <= getattr(cfg, name) < math.inf:
             raise UserError(f"--{name} must be a finite number, 0 or more (it is {getattr(cfg, name)})")
@@ -368,6 +383,8 @@ def check_config(cfg: Hyperparameters):
         raise UserError(f"--seed must be at least 0 and below 2^63 (it is {cfg.seed})")
     if cfg.device not in ("cuda", "cpu"):
         raise UserError(f"--device must be cuda or cpu (it is {cfg.device!r})")
+    if not cfg.log_dir.strip():
+        raise UserError("--log_dir is empty: name a folder for the log and checkpoints (default: logs)")
     if cfg.run_id and not RUN_ID_CHARS.fullmatch(cfg.run_id):
         raise UserError(f"--run_id {cfg.run_id[:60]!r}{'...' if len(cfg.run_id) > 60 else ''} is not a plain file "
                         f"name: use letters, digits, '.', '_' and '-', at most 200 (it names the log and checkpoints)")
@@ -540,12 +557,29 @@ def init_uniform(shape: tuple, std: float) -> Tensor:
 # ---- embeddings
 
 def bigram_hash(idx: Tensor, rows: int) -> Tensor:
-    """The bigram embedding's row for each position: (previous token, token) hashed into rows - 1 rows; the
-    last row is position 0's, which has no previous token (record 2026-01-19). In int32, without overflow:
-    36313 * 50303 < 2^31."""
+    """The bigram embedding's row for each position of each sequence (the last dim): (previous token, token)
+    hashed into rows - 1 rows; the last row is position 0's, which has no previous token (record 2026-01-19).
+    In int32, without overflow: 36313 * 50303 < 2^31."""
     x = idx.to(torch.int32)
-    hashed = torch.bitwise_xor(BIGRAM_MULS[0] * x[1:], BIGRAM_MULS[1] * x[:-1]) % (rows - 1)
-    return torch.cat([x.new_full((1,), rows - 1), hashed])
+    hashed = torch.bitwise_xor(BIGRAM_MULS[0] * x[..., 1:], BIGRAM_MULS[1] * x[..., :-1]) % (rows - 1)
+    return torch.cat([x.new_full((*x.shape[:-1], 1), rows - 1), hashed], dim=-1)
+
+
+class RowsIntoSum(torch.autograd.Function):
+    """weight[ids], whose backward hands the rows' grads to a RowSink (the optimizer's fp32 sum of the table's
+    grads) instead of making weight's dense grad; weight itself gets none."""
+
+    @staticmethod
+    def forward(ctx, weight: Tensor, ids: Tensor, sink):
+        ctx.save_for_backward(ids)
+        ctx.sink = sink
+        return F.embedding(ids, weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ids, = ctx.saved_tensors
+        ctx.sink.add(ids, grad)
+        return None, None, None
 
 
 # ---- RoPE with YaRN
@@ -643,10 +677,12 @@ def mask_rule(q_idx: Tensor, kv_idx: Tensor, first: Tensor) -> Tensor:
 
 
 def document_starts(idx: Tensor) -> Tensor:
-    """Where each token's document begins: every document starts with <|endoftext|>, so the position of the
-    latest one so far (0 before the first)."""
+    """Where each token's document begins, for idx (T,) or sequences (B, T) laid end to end: every document
+    starts with <|endoftext|>, so the position of the latest one so far, and each sequence's first token
+    starts one too (sequences never see each other)."""
     pos = torch.arange(idx.numel(), device=idx.device)
-    return torch.where(idx == BOS_ID, pos, 0).cummax(0).values
+    first = (idx.flatten() == BOS_ID) | (pos % idx.size(-1) == 0)
+    return torch.where(first, pos, 0).cummax(0).values
 
 
 def interleaved_starts(starts: Tensor) -> Tensor:
@@ -714,8 +750,9 @@ def attention_mask(first: Tensor):
 
 
 def attention_masks(idx: Tensor, windows: Tensor, kinds: set) -> dict:
-    """The masks of one sequence, built once per forward: {(paired, long): mask} for the kinds the layers use.
-    windows: (short, long) in tokens, a device tensor (a new window is new data, not a new graph)."""
+    """The masks of the sequences idx (B, T), laid end to end as attention() sees them, built once per forward:
+    {(paired, long): mask} for the kinds the layers use. windows: (short, long) in tokens, a device tensor (a
+    new window is new data, not a new graph)."""
     starts = document_starts(idx)
     masks = {}
     for paired, long in sorted(kinds):
@@ -745,13 +782,15 @@ def choose_flex_tiles(choice: str, smem_per_block: int, capability: tuple):
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask, flex_options=None) -> Tensor:
     """Masked softmax attention over (B, T, heads, head_dim), at unit scale (q carries the scale), with a mask
-    from attention_mask()."""
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    from attention_mask() over the B sequences laid end to end (one pass over B * T tokens; the mask keeps the
+    sequences apart)."""
+    B, T = q.shape[:2]
+    q, k, v = (t.reshape(1, B * T, *t.shape[2:]).transpose(1, 2) for t in (q, k, v))
     if isinstance(mask, BlockMask):
         y = flex_attention(q, k, v, block_mask=mask, scale=1.0, kernel_options=flex_options)
     else:
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
-    return y.transpose(1, 2)
+    return y.transpose(1, 2).reshape(B, T, y.size(1), y.size(-1))
 
 
 # ---- blocks
@@ -834,24 +873,27 @@ def softcap(z: Tensor) -> Tensor:
     return SOFTCAP * torch.sigmoid((z.float() + SOFTCAP_SHIFT) / SOFTCAP_DIV)
 
 
-def softcap_ce_parts(z: Tensor, targets: Tensor, weights: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The training head's loss by its formula, for logits z (T, vocab) and capped logits c = softcap(z): per
-    row the multi-token loss, sum over k of weights[k] * (logsumexp(c[row]) - c[row, targets[row + k]]) where
-    row + k < T; the next-token loss (k = 0); and the multi-token loss's grad wrt z, in fp32:
+def softcap_ce_parts(z: Tensor, targets: Tensor, weights: Tensor, seq_len: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """The training head's loss by its formula, for logits z (N, vocab) of sequences of seq_len rows laid end to
+    end (0: one sequence) and capped logits c = softcap(z): per row the multi-token loss, sum over k of
+    weights[k] * (logsumexp(c[row]) - c[row, targets[row + k]]) where row + k lies in the row's sequence; the
+    next-token loss (k = 0); and the multi-token loss's grad wrt z, in fp32:
     (sum_k w_k softmax(c) - sum_k w_k onehot(targets[row + k])) * dc/dz, dc/dz = c (1 - c/23) / 7.5."""
-    T = z.size(0)
+    N = z.size(0)
+    S = seq_len or N
     c = z.float().add(SOFTCAP_SHIFT).div_(SOFTCAP_DIV).sigmoid_().mul_(SOFTCAP)
     lse = torch.logsumexp(c, dim=-1)
-    rows = torch.arange(T, device=z.device)
-    loss, weight_sum = c.new_zeros(T), c.new_zeros(T)
-    dz = (c - lse[:, None]).exp_()
-    for k in range(len(weights)):
-        n, w = T - k, weights[k].float()
-        loss[:n] += w * (lse[:n] - c[rows[:n], targets[k:]])
-        weight_sum[:n] += w
-    dz.mul_(weight_sum[:, None])
-    for k in range(len(weights)):
-        dz[rows[:T - k], targets[k:]] -= weights[k].float()
+    rows = torch.arange(N, device=z.device)
+    # rows whose k-th next token is in their sequence (and in z, should the last sequence be cut short)
+    within = [rows[(rows % S < S - k) & (rows < N - k)] for k in range(len(weights))]
+    loss, weight_sum = c.new_zeros(N), c.new_zeros(N)
+    for k, r in enumerate(within):
+        w = weights[k].float()
+        loss[r] += w * (lse[r] - c[r, targets[r + k]])
+        weight_sum[r] += w
+    dz = (c - lse[:, None]).exp_().mul_(weight_sum[:, None])
+    for k, r in enumerate(within):
+        dz[r, targets[r + k]] -= weights[k].float()
     dz.mul_(c * (1 - c / SOFTCAP)).div_(SOFTCAP_DIV)
     return loss, lse - c[rows, targets], dz
 
@@ -861,8 +903,8 @@ class SoftcapCrossEntropy(torch.autograd.Function):
     is the formula's grad (the next-token loss carries none). The head's path where FP8 is off."""
 
     @staticmethod
-    def forward(ctx, z: Tensor, targets: Tensor, weights: Tensor):
-        loss, ntp, dz = softcap_ce_parts(z, targets, weights)
+    def forward(ctx, z: Tensor, targets: Tensor, weights: Tensor, seq_len: int = 0):
+        loss, ntp, dz = softcap_ce_parts(z, targets, weights, seq_len)
         ctx.save_for_backward(dz)
         ctx.z_dtype = z.dtype
         ntp = ntp.sum()
@@ -872,7 +914,7 @@ class SoftcapCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, _):
         dz, = ctx.saved_tensors
-        return (dz * grad_loss).to(ctx.z_dtype), None, None
+        return (dz * grad_loss).to(ctx.z_dtype), None, None, None
 
 
 def to_fp8(t: Tensor, scale: float, dtype) -> Tensor:
@@ -897,24 +939,26 @@ def scaled_mm(a: Tensor, b: Tensor, scale_a: float, scale_b: float, out_dtype, f
 
 def head_loss(x: Tensor, head_w: Tensor, targets: Tensor, weights: Tensor, fp8: bool,
               launch: tuple = (8, 512, 8, 64, 128), approx: bool = True) -> tuple[Tensor, Tensor]:
-    """The training head on the last layer's output: rms-norm, logits, soft cap, then (multi-token loss to
-    backpropagate, next-token loss), each summed over tokens. The sum, not the mean, keeps each logit's grad
-    within +-1.75, the range HEAD_GRAD_SCALE assumes; both optimizers ignore the loss's scale. launch and
-    approx: the FP8 path's kernel settings (KernelSettings)."""
-    x = norm(x.flatten(0, -2)).bfloat16()
+    """The training head on the last layer's output x (..., T, dim), sequences of T tokens: rms-norm, logits,
+    soft cap, then (multi-token loss to backpropagate, next-token loss), each summed over tokens; targets of
+    the next tokens do not reach past a sequence's end. The sum, not the mean, keeps each logit's grad within
+    +-1.75, the range HEAD_GRAD_SCALE assumes; both optimizers ignore the loss's scale. launch and approx: the
+    FP8 path's kernel settings (KernelSettings)."""
+    seq_len = x.size(-2)
+    x, targets = norm(x.flatten(0, -2)).bfloat16(), targets.flatten()
     if fp8:
         x_f8 = to_fp8(x.detach(), HEAD_X_SCALE, torch.float8_e4m3fn)
         w_f8 = to_fp8(head_w.detach(), HEAD_W_SCALE, torch.float8_e4m3fn)
-        loss, ntp, _, _ = fp8_head_loss(x, head_w, x_f8, w_f8, targets, weights, list(launch), approx)
+        loss, ntp, _, _ = fp8_head_loss(x, head_w, x_f8, w_f8, targets, weights, seq_len, list(launch), approx)
         return loss, ntp
-    return SoftcapCrossEntropy.apply(mm(x, head_w.bfloat16().mT), targets, weights)
+    return SoftcapCrossEntropy.apply(mm(x, head_w.bfloat16().mT), targets, weights, seq_len)
 
 
 def eval_loss(x: Tensor, head_w: Tensor, targets: Tensor, chunk: int = EVAL_CHUNK) -> Tensor:
     """Validation as the record measures it: the bf16 head's next-token loss, summed, in chunks of tokens (the
     same sum in a fraction of the memory)."""
     x, total = norm(x.flatten(0, -2)).bfloat16(), 0
-    for xc, tc in zip(x.split(chunk), targets.split(chunk)):
+    for xc, tc in zip(x.split(chunk), targets.flatten().split(chunk)):
         total = total + F.cross_entropy(softcap(mm(xc, head_w.bfloat16().mT)), tc, reduction="sum")
     return total
 
@@ -946,6 +990,7 @@ class GPT(nn.Module):
                                                torch.full((L,), 0.1), torch.tensor([0.0, 0.5, -1.5])]))
         self.x0_lambdas = nn.Parameter(torch.zeros(L))  # x0's weight in each layer's input
         self.head_loss, self.eval_loss = head_loss, eval_loss
+        self.grad_sinks = {}  # table weight -> RowSink, attached by the optimizer (ShardedOptimizer.row_sinks)
 
     def lambdas(self):
         """The scalars by name: residual (L), attention (L, 2), bigram (L) weights; smear, backout, skip."""
@@ -960,33 +1005,51 @@ class GPT(nn.Module):
         # each block instance, with and without grad, is its own compiled variant: lift dynamo's cap of 8
         torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
         if whole:
-            self.hidden = torch.compile(self.hidden, dynamic=False, backend=backend)
+            self.core = torch.compile(self.core, dynamic=False, backend=backend)
         else:
             for block in self.blocks:
                 block.compile(dynamic=False, backend=backend)
         self.head_loss = torch.compile(head_loss, dynamic=False, backend=backend)
         self.eval_loss = torch.compile(eval_loss, dynamic=False, backend=backend)
 
-    def embed_tokens(self, idx: Tensor) -> Tensor:
-        """x0: token embeddings, each plus a gated share of its predecessor's (smear, record 2025-09-18),
-        rms-normed; (1, T, dim)."""
-        x = self.embed(idx)
-        share = self.lambdas()[3] * gate(x[1:], self.smear_gate_w)
-        return norm(torch.cat([x[:1], x[1:] + share * x[:-1]]))[None]
+    def tables(self) -> list:
+        """The embedding tables, each read a row per token."""
+        return [self.embed, *self.value_embeds] + ([self.bigram_embed] if self.bigram_embed is not None else [])
+
+    def lookup(self, table: nn.Embedding, ids: Tensor) -> Tensor:
+        """table's rows at ids. While training with the optimizer's row sinks attached (grad_sinks), the
+        rows' grads are added straight into the table's fp32 grad sum: no dense (rows x dim) grad per
+        micro-step (the bigram table has 251,520 rows)."""
+        sink = self.grad_sinks.get(table.weight)
+        if sink is None or not torch.is_grad_enabled():
+            return table(ids)
+        return RowsIntoSum.apply(table.weight, ids, sink)
+
+    def embed_tokens(self, x: Tensor) -> Tensor:
+        """x0 from the token embeddings x (B, T, dim): each plus a gated share of its predecessor's in its
+        sequence (smear, record 2025-09-18), rms-normed."""
+        share = self.lambdas()[3] * gate(x[:, 1:], self.smear_gate_w)
+        return norm(torch.cat([x[:, :1], x[:, 1:] + share * x[:, :-1]], dim=1))
 
     def hidden(self, idx: Tensor, windows: Tensor) -> Tensor:
-        """idx: (T,) token ids of one sequence; windows: (short, long) window in tokens. Returns the last
-        block's output less the backout, (1, T, dim)."""
-        kinds = {(b.paired, b.long_window) for b in self.blocks if b.attn is not None}
-        return self.run_blocks(idx, attention_masks(idx, windows, kinds))
-
-    def run_blocks(self, idx: Tensor, masks: dict) -> Tensor:
-        resid, sa, bigram_w, _, backout, skip_w = self.lambdas()
-        x = x0 = self.embed_tokens(idx)
+        """idx: (B, T) token ids of B sequences, or (T,) of one; windows: (short, long) window in tokens.
+        Returns the last block's output less the backout, (B, T, dim). The table lookups run outside the
+        compiled graph (core), so that their grads can go straight into the fp32 sums."""
+        idx = idx if idx.dim() == 2 else idx[None]
         bigram = None
         if self.bigram_embed is not None:
-            bigram = self.bigram_embed(bigram_hash(idx, self.bigram_embed.num_embeddings))[None]
-        ve = [e(idx)[None] for e in self.value_embeds]
+            bigram = self.lookup(self.bigram_embed, bigram_hash(idx, self.bigram_embed.num_embeddings))
+        return self.core(idx, windows, self.lookup(self.embed, idx), bigram,
+                         [self.lookup(e, idx) for e in self.value_embeds])
+
+    def core(self, idx: Tensor, windows: Tensor, tokens: Tensor, bigram, ve: list) -> Tensor:
+        """The masks and every block, from the rows the tables gave (B, T, dim each): one compiled graph."""
+        kinds = {(b.paired, b.long_window) for b in self.blocks if b.attn is not None}
+        return self.run_blocks(tokens, bigram, ve, attention_masks(idx, windows, kinds))
+
+    def run_blocks(self, tokens: Tensor, bigram, ve: list, masks: dict) -> Tensor:
+        resid, sa, bigram_w, _, backout, skip_w = self.lambdas()
+        x = x0 = self.embed_tokens(tokens)
         skipped = backout_x = None
         for i, block in enumerate(self.blocks):
             skip = None
@@ -1002,8 +1065,8 @@ class GPT(nn.Module):
         return x - backout * backout_x
 
     def forward(self, idx: Tensor, targets: Tensor, windows: Tensor, mtp_weights: Tensor = None):
-        """idx, targets: (T,) token ids of one sequence. Training: (multi-token loss to backpropagate,
-        next-token loss), each summed over the T tokens; eval: the next-token loss sum, twice."""
+        """idx, targets: (B, T) token ids of B sequences, or (T,) of one. Training: (multi-token loss to
+        backpropagate, next-token loss), each summed over the tokens; eval: the next-token loss sum, twice."""
         x = self.hidden(idx, windows)
         targets = targets.long()
         if not self.training:
@@ -1085,20 +1148,22 @@ def second_moment_shape(shape) -> tuple:
 
 
 def adam_update(grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: int, betas, eps: float) -> Tensor:
-    """Bias-corrected Adam direction (no weight decay)."""
+    """Bias-corrected Adam direction (no weight decay), m_hat / (sqrt(v_hat) + eps), in one temporary the size of
+    grad (the head's bucket is 77M values)."""
     exp_avg.lerp_(grad, 1 - betas[0])
-    exp_avg_sq.lerp_(grad.square(), 1 - betas[1])
-    m_hat = exp_avg / (1 - betas[0] ** step)
-    v_hat = exp_avg_sq / (1 - betas[1] ** step)
-    return m_hat / (v_hat.sqrt() + eps)
+    exp_avg_sq.mul_(betas[1]).addcmul_(grad, grad, value=1 - betas[1])
+    denom = exp_avg_sq.div(1 - betas[1] ** step).sqrt_().add_(eps)
+    return torch.div(exp_avg, denom, out=denom).div_(1 - betas[0] ** step)
 
 
 def cautious_step(p: Tensor, update: Tensor, lr: float, decay: float, strict: bool):
     """p -= lr * update + decay * p, the decay only where update and p have the same sign, so that it never
     works against the update (cautious weight decay, records 2025-11-10 and 2025-12-18). The record's Muon
     counts a zero product as agreeing, its Adam does not (strict)."""
-    agree = update * p > 0 if strict else update * p >= 0
-    p.sub_(lr * update + decay * agree * p)
+    step = torch.mul(update, p)  # one temporary, reused: the sign products, then the whole step
+    agree = step > 0 if strict else step >= 0
+    torch.mul(p, agree, out=step).mul_(decay).add_(update, alpha=lr)
+    p.sub_(step)
 
 
 # torch 2.13 renamed the tensor-to-tensor collectives and warns on the old names; 2.11 has only those
@@ -1124,7 +1189,8 @@ class Comm:
 
     def all_gather(self, out: Tensor, inp: Tensor):
         if self.world == 1:
-            out.copy_(inp)
+            if inp.data_ptr() != out.data_ptr():  # the optimizer updates a one-process shard in place
+                out.copy_(inp)
             return self._Done()
         return _all_gather(out, inp, async_op=True)
 
@@ -1171,6 +1237,25 @@ class Bucket:
         self.work = None    # the collective in flight
 
 
+def _grad_ready_hook(opt_ref, bucket_index: int, offset: int, param: Tensor):
+    opt = opt_ref()
+    if opt is not None:
+        opt._grad_ready(opt.buckets[bucket_index], offset, param)
+
+
+class RowSink:
+    """Where an embedding table's micro-step grads go: each row's grad added into the table's fp32 sum (its
+    view of the bucket's acc), then the bucket told that this grad is final."""
+
+    def __init__(self, acc: Tensor, ready):
+        self.acc, self.ready = acc, ready
+
+    @torch.no_grad()
+    def add(self, ids: Tensor, grad: Tensor):
+        self.acc.index_add_(0, ids.flatten(), grad.reshape(-1, grad.size(-1)).float())
+        self.ready()
+
+
 class ShardedOptimizer:
     """NorMuon for hidden matrices, Adam for the rest, ZeRO-1 style: gradients are reduce-scattered so each rank
     updates only its shard, then the updated parameters are all-gathered. A bucket's reduce-scatter starts from
@@ -1200,20 +1285,42 @@ class ShardedOptimizer:
             self.buckets.append(Bucket(params, "adam", group, math.ceil(numel / comm.world), comm.world))
         self.head = next((b for b in self.buckets if b.group == "head"), None)
         self.params = [p for b in self.buckets for p in b.params]  # fixed order, the same at any world size
-        for b in self.buckets:
+        # a tensor's hooks live in C++, where the cycle collector cannot see them: a hook holding the optimizer
+        # (which holds the parameter) would keep both alive for ever, so it holds a weak reference
+        me = weakref.ref(self)
+        for i, b in enumerate(self.buckets):
             offset = 0
             for p in b.params:
-                p.register_post_accumulate_grad_hook(partial(self._grad_ready, b, offset))
+                p.register_post_accumulate_grad_hook(partial(_grad_ready_hook, me, i, offset))
                 offset += p.numel()
 
     def active(self, b: Bucket) -> bool:
         return b.kind == "muon" or self.adam_now
 
+    def row_sinks(self, weights: list) -> dict:
+        """{weight: RowSink} for the embedding tables among `weights` that are bf16 (summed in fp32): the model
+        hands their rows' grads to these (GPT.lookup) instead of making dense grads."""
+        sinks = {}
+        for b in self.buckets:
+            offset = 0
+            for p in b.params:
+                if b.acc is not None and any(p is w for w in weights):
+                    sinks[p] = RowSink(b.acc[offset:offset + p.numel()].view(p.shape), partial(self._count_ready, b))
+                offset += p.numel()
+        return sinks
+
     @torch.no_grad()
     def _grad_ready(self, bucket: Bucket, offset: int, param: Tensor):
+        if param.grad is None:  # a table whose rows' grads went to its RowSink, which counts it
+            return
         if bucket.acc is not None:  # fold this micro-step's bf16 grad into the fp32 sum
             add_into_fp32(bucket.acc[offset:offset + param.numel()], param.grad.reshape(-1))
             param.grad = None
+        self._count_ready(bucket)
+
+    def _count_ready(self, bucket: Bucket):
+        """One more of the bucket's grads is final for this micro-step; on the last micro-step, once all are,
+        its reduce starts."""
         if self.reduce_in_backward and self.active(bucket):
             bucket.ready += 1
             if bucket.ready == len(bucket.params):
@@ -1251,7 +1358,9 @@ class ShardedOptimizer:
         for b in active:
             b.work.wait()
             torch.cat([p.reshape(-1) for p in b.params], out=b.flat[:b.numel])
-            shard = b.flat[self._shard_slice(b, b.grad.numel())].clone()
+            shard = b.flat[self._shard_slice(b, b.grad.numel())]
+            if self.comm.world > 1:  # the all-gather's input may not alias its output; on one process it is it
+                shard = shard.clone()
             if b.kind == "adam":
                 self._adam(b, shard, lr_factor)
             else:
@@ -1399,12 +1508,20 @@ class ShardFormatError(UserError):
     pass
 
 
+def unreadable(path: str, e: OSError) -> ShardFormatError:
+    return ShardFormatError(f"{path}: cannot read it ({e.strerror or e}): check its permissions (and the disk). "
+                            f"{DATA_HINT}")
+
+
 def read_header(path: str) -> int:
     """Checks a shard's header against its size; returns its token count."""
-    size = os.path.getsize(path)
-    if size < HEADER_BYTES:
+    try:
+        size = os.path.getsize(path)
+        header = np.fromfile(path, dtype="<i4", count=256) if size >= HEADER_BYTES else None
+    except OSError as e:
+        raise unreadable(path, e) from None
+    if header is None:
         raise ShardFormatError(f"{path}: {size} bytes, shorter than the {HEADER_BYTES}-byte header. {DATA_HINT}")
-    header = np.fromfile(path, dtype="<i4", count=256)
     if header[0] != SHARD_MAGIC or header[1] != SHARD_VERSION:
         raise ShardFormatError(f"{path}: header starts {header[0]}, {header[1]}; a shard starts {SHARD_MAGIC}, "
                                f"{SHARD_VERSION}. Not a FineWeb-format shard. {DATA_HINT}")
@@ -1427,7 +1544,11 @@ def is_shard(path) -> bool:
 def load_shard(path: str) -> np.ndarray:
     """A shard's tokens, checked to be GPT-2 ids: a larger id would crash the step that reaches it, and every
     resume after it, with an IndexError that names no file."""
-    tokens = np.fromfile(path, dtype="<u2", count=read_header(path), offset=HEADER_BYTES)
+    count = read_header(path)
+    try:
+        tokens = np.fromfile(path, dtype="<u2", count=count, offset=HEADER_BYTES)
+    except OSError as e:
+        raise unreadable(path, e) from None
     if tokens.size and tokens.max() >= GPT2_VOCAB:
         pos = int(np.argmax(tokens >= GPT2_VOCAB))
         raise ShardFormatError(f"{path}: token {int(tokens[pos])} at position {pos:,} is not a GPT-2 id (< "
@@ -1441,6 +1562,11 @@ def find_shards(pattern: str, flag: str = "--train_files") -> list:
         raise ShardFormatError(f"{flag} {pattern!r} is a folder: pass a glob of its shards, e.g. "
                                f"'{os.path.join(pattern, '*.bin')}'")
     files = sorted(glob.glob(pattern))
+    if not files and Path(pattern).parent == SAMPLE_SHARDS:
+        raise ShardFormatError(f"no shards match {pattern!r}: the presets train on the shipped books, tokenized by "
+                               f"the README's quick start: python {SAMPLE_SHARDS.parent / 'tokenize_text.py'} --out "
+                               f"{SAMPLE_SHARDS} --name sample --val_tokens 16384 {SAMPLE_SHARDS.parent}/sample/"
+                               f"books_val.jsonl {SAMPLE_SHARDS.parent}/sample/books_train.jsonl")
     if not files:
         raise ShardFormatError(f"no shards match {pattern!r}: {DATA_HINT}")
     for f in files:
@@ -1609,10 +1735,10 @@ class Trainer:
     log_path: Path
     clock: Stopwatch
     kernels: KernelSettings
+    micro_batch: int = 1          # sequences per forward pass
     step: int = 0                 # optimizer steps done
     last_checkpoint: str = ""     # the newest complete checkpoint of this run
     last_good_checkpoint: str = ""  # the newest written while the run was healthy (see save_checkpoint)
-    last_train_loss: float = float("nan")
     reached_target: bool = False
     target_ms: float = None       # training time at the first val at or below the target
     vals: list = field(default_factory=list)  # (step, val loss) of this process's validations
@@ -1621,10 +1747,12 @@ class Trainer:
     fingerprints: dict = None     # of the shards this run reads, once a checkpoint needs them
     window_tensors: dict = field(default_factory=dict)  # (short, long) in tokens -> device tensor
     windows: Tensor = None        # this step's, one of window_tensors
-    mtp_table: Tensor = None      # every step's multi-token weights, on the device
+    mtp_host: Tensor = None       # this step's multi-token weights, staged for the device (pinned on CUDA)
     mtp: Tensor = None            # this step's, copied from the table (a fixed tensor: no new graph)
     learning_by_step: float = LEARNING_BY_STEP  # benches that time fresh weights at late steps lift it
     lock: object = None           # this run's lock file (run_lock), held while it lives
+    pending_checkpoint: dict = None  # captured, written once its weights' loss is known (save_checkpoint)
+    init_max_abs: float = 1.0     # the largest weight at initialization: what a healthy checkpoint's are held to
     started: bool = False         # the timed run has begun (warm-up is over)
 
     def data(self) -> dict:
@@ -1650,25 +1778,35 @@ class Trainer:
         if tokens not in self.window_tensors:
             self.window_tensors[tokens] = torch.tensor(tokens, dtype=torch.int32, device=self.device)
         self.windows = self.window_tensors[tokens]
-        if self.mtp_table is None:
-            self.mtp_table = torch.tensor([mtp_weights_at(s, cfg) for s in range(cfg.num_steps + 1)],
-                                          device=self.device)
-            self.mtp = self.mtp_table[0].clone()
-        self.mtp.copy_(self.mtp_table[step])
+        if self.mtp is None:  # fixed tensors: new weights are new data, not a new graph
+            self.mtp_host = torch.empty(MTP_TOKENS, pin_memory=self.device.type == "cuda")
+            self.mtp = torch.empty(MTP_TOKENS, device=self.device)
+        # the previous step's copy is done (each step ends in a host sync), so the staging buffer is free
+        self.mtp_host.copy_(torch.tensor(mtp_weights_at(step, cfg)))
+        self.mtp.copy_(self.mtp_host, non_blocking=True)
 
 
 def append_line(path: Path, line: str, newest_checkpoint: str = ""):
-    """Append one line to a log, whole or not at all: a write that fails (a full disk) is cut back off."""
-    with open(path, "a") as f:
-        size = f.tell()
-        try:
-            f.write(line + "\n")
-            f.flush()
-        except OSError as e:
+    """Append one line to a log, whole or not at all: unbuffered writes, so that a full disk fails the write
+    (not a later flush or close), and what a failed write left is cut back off."""
+    data = memoryview((line + "\n").encode())
+    fd = size = None
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        size = os.fstat(fd).st_size
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError as e:
+        if size is not None:
             with contextlib.suppress(OSError):
-                f.truncate(size)
-            raise UserError(f"cannot append to the log {path} ({e.strerror or e}): free disk space, then resume from "
-                            f"the newest checkpoint ({newest_checkpoint or 'none'})") from None
+                os.ftruncate(fd, size)
+        then = (f"resume from the newest checkpoint, {newest_checkpoint}" if newest_checkpoint else
+                "start the run again (no checkpoint was written yet)")
+        raise UserError(f"cannot append to the log {path} ({e.strerror or e}): free disk space, then {then}") from None
+    finally:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def setup(cfg: Hyperparameters):
@@ -1680,10 +1818,15 @@ def setup(cfg: Hyperparameters):
         raise UserError(f"{world} processes cannot split batches of {','.join(map(str, cfg.batch_seqs))} "
                         f"micro-batches evenly; launch with --nproc_per_node (x nodes) in {counts}, the common "
                         f"divisors of --batch_seqs")
+    if cfg.micro_batch and any(n // world % cfg.micro_batch for n in cfg.batch_seqs):
+        per = "/".join(str(n // world) for n in cfg.batch_seqs)
+        raise UserError(f"--micro_batch {cfg.micro_batch} does not divide the {per} sequences per process of "
+                        f"--batch_seqs {','.join(map(str, cfg.batch_seqs))} over {world} processes: pick a common "
+                        f"divisor, or 0 (auto)")
     if cfg.device == "cuda":
         if not torch.cuda.is_available():
-            raise UserError("no CUDA GPU is visible. train_gpt.py needs one per process; for a tiny CPU smoke run "
-                            "pass --device cpu and a small model (README.md, 'CPU smoke run')")
+            raise UserError("no CUDA GPU is visible. train_gpt.py needs one per process; on CPU, run a tiny model "
+                            "with --preset smoke or --preset books (README.md, Quick start)")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
@@ -1694,16 +1837,54 @@ def setup(cfg: Hyperparameters):
     return rank, world, device
 
 
+def micro_batch(cfg: Hyperparameters, world: int) -> int:
+    """Sequences per forward pass: --micro_batch, or for 0 AUTO_MICRO_BATCH where it divides every stage's
+    sequences per process, else 1."""
+    if cfg.micro_batch:
+        return cfg.micro_batch
+    return AUTO_MICRO_BATCH if all(n // world % AUTO_MICRO_BATCH == 0 for n in cfg.batch_seqs) else 1
+
+
+STATE_BYTES = 20  # per parameter beside itself: its share of the flat fp32 copy and grad, two fp32 states, a sum
+
+
+def check_memory(cfg: Hyperparameters, device: torch.device):
+    """Refuse settings whose parameters and optimizer state alone do not fit the memory free now, before any
+    of it is allocated (a 10^9-row vocab would otherwise end in the allocator's traceback). The model is
+    built on the meta device: shapes, no memory."""
+    with torch.device("meta"):
+        need = sum(p.numel() * (p.element_size() + STATE_BYTES) for p in GPT(cfg).parameters())
+    if device.type == "cuda":
+        free, where = torch.cuda.mem_get_info(device)[0], f"GPU {device.index}"
+    else:
+        try:
+            meminfo = Path("/proc/meminfo").read_text()
+        except OSError:  # not Linux: the allocator's own error will have to do
+            return
+        free, where = int(re.search(r"MemAvailable:\s+(\d+) kB", meminfo).group(1)) * 1024, "this machine"
+    if need > free:
+        raise UserError(f"the parameters and optimizer state of these settings need {need / 2**30:,.1f} GiB, and "
+                        f"{where} has {free / 2**30:,.1f} GiB free: lower --vocab_size, --bigram_vocab, --model_dim "
+                        f"or --num_layers")
+
+
 def load_data(cfg: Hyperparameters, rank: int, world: int) -> tuple[TrainLoader, Tensor]:
-    """The train loader (every shard checked) and the val tokens; a train glob that reaches a val shard the run
-    scores is refused."""
+    """The train loader (every shard checked) and the val tokens; a train shard that is a val shard the run
+    scores, by path or by content (a copy), is refused."""
     train_loader = TrainLoader(cfg.train_files, cfg.seq_len, cfg.max_doc_len, rank, world)
     val_tokens = load_val_tokens(cfg.val_files, cfg.val_tokens)
-    overlap = sorted(set(map(os.path.realpath, train_loader.files)) &
-                     set(map(os.path.realpath, val_files_read(cfg.val_files, cfg.val_tokens))))
+    val_files = val_files_read(cfg.val_files, cfg.val_tokens)
+    overlap = sorted(set(map(os.path.realpath, train_loader.files)) & set(map(os.path.realpath, val_files)))
     if overlap:
         raise UserError(f"--train_files also matches {overlap[0]}, a shard --val_files scores: the run would train "
                         f"on its validation data. Make the train glob match only training shards")
+    val_content = {tuple(shard_fingerprint(f)[1:]): f for f in val_files}
+    for f in train_loader.files:
+        twin = val_content.get(tuple(shard_fingerprint(f)[1:]))
+        if twin:
+            raise UserError(f"train shard {f} holds the same bytes as the val shard {twin} (size and the hash of "
+                            f"its first and last MiB): the run would train on its validation data. Use training "
+                            f"shards that are not copies of the val shards")
     return train_loader, val_tokens
 
 
@@ -1730,11 +1911,15 @@ def build(cfg: Hyperparameters) -> Trainer:
     lock = check_log_dir(cfg, log_path, comm, ckpt)
     try:  # a failure from here on drops the lock
         train_loader, val_tokens = load_data(cfg, rank, world)
+        check_memory(cfg, device)
         torch.manual_seed(cfg.seed)
         model = GPT(cfg, kernels).to(device)
+        init_max_abs = max(p.detach().abs().max().item() for p in model.parameters())
         opt = ShardedOptimizer(*param_groups(model), cfg, comm)
+        model.grad_sinks = opt.row_sinks([t.weight for t in model.tables()])
         trainer = Trainer(cfg, comm, device, model, opt, train_loader, val_tokens, run_id, log_path,
-                          Stopwatch(device), kernels, lock=lock)
+                          Stopwatch(device), kernels, micro_batch=micro_batch(cfg, world), lock=lock,
+                          init_max_abs=init_max_abs)
         if ckpt is not None:
             restore(trainer, ckpt)
         if cfg.compile and device.type == "cuda":
@@ -1750,10 +1935,13 @@ def build(cfg: Hyperparameters) -> Trainer:
 
 def diverged(trainer: Trainer, what: str) -> UserError:
     """The error that stops a diverged run: what went wrong and where, and the checkpoint to go back to."""
-    return UserError(f"{what}: the run diverged. Newest good checkpoint: {trainer.last_good_checkpoint or 'none'}. "
-                     f"Resume from "
-                     f"it with lower learning rates (--{', --'.join(RESUME_ADJUSTABLE)} may change on resume), or "
-                     f"start again with lower ones")
+    rates = f"--{', --'.join(RESUME_ADJUSTABLE)}"
+    if not trainer.last_good_checkpoint:
+        return UserError(f"{what}: the run diverged, and no healthy checkpoint was written. Start again with lower "
+                         f"learning rates ({rates})")
+    return UserError(f"{what}: the run diverged. Newest good checkpoint: {trainer.last_good_checkpoint}. Resume "
+                     f"from it with lower learning rates ({rates} may change on resume), or start again with lower "
+                     f"ones")
 
 
 def train_step(trainer: Trainer, step: int) -> float:
@@ -1765,12 +1953,12 @@ def train_step(trainer: Trainer, step: int) -> float:
     trainer.set_schedule(step)
     trainer.opt.adam_now = is_adam_step(step)
     loss = torch.zeros((), device=trainer.device)
-    num_seqs = batch_seqs_at(step, cfg)
+    num_seqs, B = batch_seqs_at(step, cfg), trainer.micro_batch
     seqs = trainer.train_loader.next_batch(num_seqs)
-    for i, seq in enumerate(seqs):
-        seq = seq.to(trainer.device, non_blocking=True)
-        trainer.opt.reduce_in_backward = i == len(seqs) - 1  # the last micro-step's grads are final: reduce them now
-        mtp_loss, next_token_loss = trainer.model(seq[:-1], seq[1:], trainer.windows, trainer.mtp)
+    for i in range(0, len(seqs), B):
+        seq = torch.stack(seqs[i:i + B]).to(trainer.device, non_blocking=True)
+        trainer.opt.reduce_in_backward = i + B >= len(seqs)  # the last micro-step's grads are final: reduce them now
+        mtp_loss, next_token_loss = trainer.model(seq[:, :-1], seq[:, 1:], trainer.windows, trainer.mtp)
         mtp_loss.backward()
         loss += next_token_loss.detach()
     trainer.opt.step(lr_factor(step, cfg), muon_momentum(step, cfg))
@@ -1781,7 +1969,10 @@ def train_step(trainer: Trainer, step: int) -> float:
         dist.all_reduce(stats)
     loss_sum, finite = stats.tolist()  # the step's one host sync
     train_loss, trainer.step = loss_sum / (num_seqs * cfg.seq_len), step + 1
-    trainer.last_train_loss = train_loss
+    if trainer.pending_checkpoint is not None:  # this loss is that of the checkpoint's weights: now it is judged
+        trainer.clock.stop()
+        write_checkpoint(trainer, healthy(trainer, trainer.pending_checkpoint, train_loss))
+        trainer.clock.start()
     if not math.isfinite(train_loss) or finite < trainer.comm.world:
         what = "the parameters" if math.isfinite(train_loss) else f"the train loss ({train_loss})"
         raise diverged(trainer, f"{what} became non-finite at step {trainer.step}")
@@ -1798,8 +1989,13 @@ def train_step(trainer: Trainer, step: int) -> float:
 
 
 def tokens_before(step: int, cfg: Hyperparameters) -> int:
-    """Training tokens in the steps before `step`."""
-    return sum(batch_seqs_at(s, cfg) for s in range(step)) * cfg.seq_len
+    """Training tokens in the steps before `step`, stage by stage (not step by step: a run of 10^8 steps must not
+    take a minute to log a line). Stage k starts at the first step s with part(s) = k, ceil(k S / stages)."""
+    S, n = scheduled_steps(cfg), len(cfg.batch_seqs)
+    starts = [-(-k * S // n) for k in range(n)] + [math.inf]
+    seqs = sum(max(0, min(step, starts[k + 1] if k < n - 1 else math.inf) - starts[k]) * cfg.batch_seqs[k]
+               for k in range(n))
+    return int(seqs) * cfg.seq_len
 
 
 def log_train(trainer: Trainer, train_loss: float):
@@ -2165,6 +2361,7 @@ def check_log_dir(cfg: Hyperparameters, log_path: Path, comm: Comm, ckpt):
         elif not problem and log_path.exists():
             problem = resume_log_problem(log_path, ckpt, cfg.resume)
     if not comm.all_ok(not problem):
+        release_lock(lock)  # a refused launch leaves no lock file behind
         raise UserError(problem or "rank 0 cannot write the log")
     return lock
 
@@ -2211,6 +2408,21 @@ def resume_log_problem(log_path: Path, ckpt: dict, ckpt_path: str) -> str:
                                                f"log of its own")
 
 
+def cut_torn_line(path: Path) -> str:
+    """A log whose last line was cut off (the process killed mid-write) gets that fragment removed, so the next
+    line starts on a line of its own; returns the fragment."""
+    with open(path, "rb+") as f:
+        f.seek(0, os.SEEK_END)
+        end = f.tell()
+        f.seek(max(0, end - 65536))
+        tail = f.read()
+        if not tail or tail.endswith(b"\n"):
+            return ""
+        keep = end - len(tail) + tail.rfind(b"\n") + 1
+        f.truncate(keep)
+        return tail[tail.rfind(b"\n") + 1:].decode(errors="replace")
+
+
 def restore(trainer: Trainer, ckpt: dict):
     """Continue from a checkpoint read by read_checkpoint: the same data, then every state."""
     cfg, now = trainer.cfg, trainer.data()
@@ -2249,10 +2461,13 @@ def open_log(trainer: Trainer, ckpt):
     trainer.log_open = True
     if new or ckpt is None:
         trainer.log(log_line(config=json.dumps(dataclasses.asdict(cfg), separators=(",", ":")),
-                       world_size=trainer.comm.world, run_id=trainer.run_id))
+                       world_size=trainer.comm.world, micro_batch=trainer.micro_batch, run_id=trainer.run_id))
         trainer.log(log_line(kernels=json.dumps(dataclasses.asdict(trainer.kernels), separators=(",", ":"))))
     if ckpt is None:
         return
+    torn = cut_torn_line(trainer.log_path) if trainer.comm.rank == 0 and not new else ""
+    if torn:
+        trainer.log(log_line(note="torn_last_line_removed", bytes=len(torn.encode())))
     changed = {k: new for k, (_, new) in config_diff(ckpt["config"], dataclasses.asdict(cfg)).items()}
     trainer.log(log_line(resumed_from=cfg.resume, step=trainer.step, world_size=trainer.comm.world,
                          changed=json.dumps(changed, separators=(",", ":"))))
@@ -2263,33 +2478,61 @@ def open_log(trainer: Trainer, ckpt):
                                  now_named="<run_id>_stepNNNNNN.abandoned.pt"))
     rates = {k: changed[k] for k in RESUME_ADJUSTABLE if k in changed}
     if rates:
-        trainer.log(log_line(note="resumed_with_changed_learning_rates", **{k: f"{ckpt['config'][k]}->{v}"
-                                                                     for k, v in rates.items()}))
+        def flat(v):  # a log value holds no spaces
+            return ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v
+        trainer.log(log_line(note="resumed_with_changed_learning_rates",
+                             **{k: f"{flat(ckpt['config'][k])}->{flat(v)}" for k, v in rates.items()}))
     source = source_sha256()
     if ckpt["source_sha256"] != source:
         trainer.log(log_line(warning="resumed_with_changed_source", checkpoint_sha256=ckpt["source_sha256"][:16],
                        source_sha256=source[:16]))
 
 
-HEALTHY_MARGIN = 0.05  # a checkpoint is healthy if its step's train loss is at most a uniform guess's plus this
+HEALTHY_MARGIN = 0.05  # a checkpoint is healthy if its weights' loss is at most a uniform guess's plus this
+HEALTHY_GROWTH = 1000  # and its largest weight at most this many times the largest at initialization
 
 
-def save_checkpoint(trainer: Trainer):
-    """A checkpoint of everything a bitwise-identical continuation needs, and a hash of its tensors. Collective:
-    every rank builds the unsharded optimizer state, rank 0 writes it, and all stop together if the write
-    fails. It is marked healthy if the run was: its last train loss finite and no worse than a uniform guess
-    (weights blown up by a huge learning rate give a worse one before the not-learning check at step 10).
-    Pruning keeps the newest healthy checkpoint however old."""
-    cfg = trainer.cfg
+def healthy(trainer: Trainer, ckpt: dict, loss: float) -> bool:
+    """Whether a checkpoint's weights are a healthy run's: the loss they gave (the next step's, or the final
+    validation's) finite, no worse than a uniform guess's (plus HEALTHY_MARGIN) and, from learning_by_step on,
+    better than it, as train_step demands; and no weight over HEALTHY_GROWTH times the largest at
+    initialization (a huge learning rate can blow weights up 10^5-fold while the capped loss still looks sane).
+    False for NaN."""
+    uniform, step = math.log(trainer.cfg.vocab_size), ckpt["step"] + 1
+    if not (loss <= uniform + HEALTHY_MARGIN and not (step >= trainer.learning_by_step and loss > uniform - 0.01)):
+        return False
+    largest = max(t.abs().max().item() for t in ckpt["model"].values() if t.is_floating_point() and t.numel())
+    return largest <= HEALTHY_GROWTH * trainer.init_max_abs
+
+
+def save_checkpoint(trainer: Trainer, loss: float = None):
+    """Capture everything a bitwise-identical continuation needs (collective: every rank builds the unsharded
+    optimizer state). It is written once the loss of these very weights is known: the next train step's
+    (train_step writes it then), or `loss`, the final validation's. So `healthy` judges the weights it holds,
+    not the loss they were trained on: an update that blew them up is not saved as healthy."""
     trainer.clock.stop()
-    if not all(torch.isfinite(p).all() for p in trainer.model.parameters()):
-        raise diverged(trainer, f"non-finite parameters at step {trainer.step}, so no checkpoint was written")
-    healthy = trainer.last_train_loss <= math.log(cfg.vocab_size) + HEALTHY_MARGIN  # False for NaN
-    ckpt = {"model": trainer.model.state_dict(), "optimizer": trainer.opt.state_dict(),
+    pending = trainer.pending_checkpoint
+    if pending is None or pending["step"] != trainer.step:
+        if not all(torch.isfinite(p).all() for p in trainer.model.parameters()):
+            raise diverged(trainer, f"non-finite parameters at step {trainer.step}, so no checkpoint was written")
+        trainer.pending_checkpoint = {  # copies: the next step updates the weights in place
+            "model": {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()},
+            "optimizer": trainer.opt.state_dict(),
             "loader": trainer.train_loader.state(), "step": trainer.step, "train_ms": trainer.clock.ms,
-            "config": dataclasses.asdict(cfg), "source_sha256": source_sha256(), "run_id": trainer.run_id,
-            "data": trainer.data(), "healthy": healthy}
-    path = Path(cfg.log_dir) / f"{trainer.run_id}_step{trainer.step:06d}.pt"
+            "config": dataclasses.asdict(trainer.cfg), "source_sha256": source_sha256(), "run_id": trainer.run_id,
+            "data": trainer.data()}
+    if loss is not None:
+        write_checkpoint(trainer, healthy(trainer, trainer.pending_checkpoint, loss))
+    trainer.clock.start()
+
+
+def write_checkpoint(trainer: Trainer, healthy: bool):
+    """Write the pending checkpoint durably, with a hash of its tensors, then prune. Rank 0 writes; all ranks
+    stop together if it fails. Pruning keeps the newest healthy checkpoint however old."""
+    cfg, ckpt = trainer.cfg, trainer.pending_checkpoint
+    trainer.pending_checkpoint = None
+    ckpt["healthy"] = healthy
+    path = Path(cfg.log_dir) / f"{trainer.run_id}_step{ckpt['step']:06d}.pt"
     problem = ""
     if trainer.comm.rank == 0:
         ckpt["content_sha256"] = content_digest(ckpt["model"], ckpt["optimizer"])
@@ -2298,6 +2541,8 @@ def save_checkpoint(trainer: Trainer):
         except OSError as e:
             problem = e.strerror or str(e)
         except RuntimeError as e:  # torch.save's zip writer turns a failed write into "unexpected pos ..."
+            if isinstance(e.__context__, (KeyboardInterrupt, Terminated)):  # a signal inside the write
+                raise e.__context__ from None
             free = shutil.disk_usage(path.parent).free
             problem = f"torch.save: {str(e).strip().splitlines()[0][:120]}; {free / 2**20:,.0f} MiB free on that disk"
     if not trainer.comm.all_ok(not problem):
@@ -2313,7 +2558,6 @@ def save_checkpoint(trainer: Trainer):
         for step in sorted(saved)[:-cfg.keep_last]:
             if str(saved[step]) not in (str(path), trainer.last_good_checkpoint):
                 saved[step].unlink()
-    trainer.clock.start()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -2416,6 +2660,9 @@ def gpu_error_message(e: Exception, cfg: Hyperparameters):
         return (f"out of GPU memory with --seq_len {cfg.seq_len}: keep the tokens per step in shorter micro-batches, "
                 f"e.g. --seq_len {cfg.seq_len // 2} --batch_seqs {doubled} (README: GPUs with less memory); in "
                 f"validation, a shorter --val_seq_len")
+    if isinstance(e, RuntimeError) and "can't allocate memory" in str(e):  # the CPU allocator
+        return (f"out of memory ({first_lines(e, 1)[:120]}): lower --seq_len or --batch_seqs (activations), or the "
+                f"model's size")
     if "out of resource" in str(e):  # Triton's OutOfResources, raised directly or inside a compile error
         if cfg.flex_tiles != "small":
             return "FlexAttention's kernels need more shared memory than this GPU has: run with --flex_tiles small"
@@ -2463,15 +2710,16 @@ def run(trainer: Trainer):
             log_train(trainer, train_step(trainer, step))
         if cfg.save_every and trainer.step % cfg.save_every == 0 and trainer.step < cfg.num_steps:
             save_checkpoint(trainer)
-    if cfg.save_every:
-        save_checkpoint(trainer)
+    if cfg.save_every:  # judged by the final validation, the loss of the weights it holds
+        save_checkpoint(trainer, loss=trainer.vals[-1][1])
     if trainer.device.type == "cuda":
         trainer.log(log_line(peak_memory=f"{torch.cuda.max_memory_allocated() // 2**20}MiB",
                              reserved_memory=f"{torch.cuda.max_memory_reserved() // 2**20}MiB"))
     trainer.log(summary_line(trainer))
     if trainer.comm.rank == 0:
         png = trainer.log_path.with_suffix(".png")
-        print(f"plot it: python records/tool.py plot {trainer.log_path} -o {png}", flush=True)
+        tool = os.path.relpath(Path(__file__).resolve().parent / "records" / "tool.py")
+        print(f"plot it: python {tool} plot {trainer.log_path} -o {png}", flush=True)
 
 
 def failure_message(e: BaseException, trainer, cfg: Hyperparameters):
@@ -2480,8 +2728,9 @@ def failure_message(e: BaseException, trainer, cfg: Hyperparameters):
         how = "interrupted" if isinstance(e, KeyboardInterrupt) else "terminated (SIGTERM)"
         if trainer is None or not trainer.started:
             return f"{how} before the first step (while starting or compiling): no step was trained"
-        return (f"{how} at step {trainer.step}; the newest complete checkpoint is "
-                f"{trainer.last_checkpoint or 'none'}")
+        if not trainer.last_checkpoint:
+            return f"{how} at step {trainer.step}; no checkpoint was written yet (--save_every K writes them)"
+        return f"{how} at step {trainer.step}; the newest complete checkpoint is {trainer.last_checkpoint}"
     return str(e) if isinstance(e, UserError) else gpu_error_message(e, cfg)
 
 
@@ -2508,6 +2757,7 @@ def main(argv=None):
         print(text)
         return text
     cfg = parse_args(argv)
+    log_dir_existed = os.path.isdir(cfg.log_dir)
     trainer, old_handler = None, signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         trainer = build(cfg)
@@ -2519,6 +2769,9 @@ def main(argv=None):
         if message is None:
             raise
         end_log(trainer, message)
+        if not log_dir_existed and int(os.environ.get("RANK", 0)) == 0:  # a failed first launch leaves no empty folder
+            with contextlib.suppress(OSError):
+                os.rmdir(cfg.log_dir)  # only if empty
         raise SystemExit(f"error: {message}" if int(os.environ.get("RANK", 0)) == 0 else 1) from None
     finally:
         signal.signal(signal.SIGTERM, old_handler)
@@ -2539,16 +2792,17 @@ FP32_EPS = torch.finfo(torch.float32).eps  # F.rms_norm's default eps for bf16 i
 
 
 def softcap_ce_grad(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float, launch=(8, 512, 8, 64, 128),
-                    approx: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """For logits z (T, vocab) of the training head: per row, the multi-token loss (weights[k] times the
-    cross-entropy of the capped logits against targets[row + k], for row + k < T) and the next-token loss; and
+                    approx: bool = True, seq_len: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """For logits z (N, vocab) of the training head, sequences of seq_len rows (0: one): per row, the
+    multi-token loss (weights[k] times the cross-entropy of the capped logits against targets[row + k], where
+    row + k lies in the row's sequence) and the next-token loss; and
     the multi-token loss's grad wrt z in e5m2 units of grad_s, row-major and transposed (the two operands of
     the head's backward matmuls: FP8 matmuls take only K-contiguous operands). On GPU one kernel reads z twice
     and writes the grad, a second transposes it; launch = (rows, vocab columns, warps) of the first, the tile
     of the second."""
     if on_gpu(z):
-        return _softcap_ce_cuda(z, targets, weights, grad_s, launch, approx)
-    loss, ntp, dz = softcap_ce_parts(z, targets, weights)
+        return _softcap_ce_cuda(z, targets, weights, grad_s, launch, approx, seq_len or z.size(0))
+    loss, ntp, dz = softcap_ce_parts(z, targets, weights, seq_len)
     g = to_fp8(dz, grad_s, torch.float8_e5m2)
     return loss, ntp, g, g.T.contiguous()
 
@@ -2578,7 +2832,7 @@ def add_into_fp32(acc: Tensor, g: Tensor, block: int = ACC_BLOCK):
 
 
 @torch.library.custom_op("train_gpt::fp8_head_loss", mutates_args=())
-def fp8_head_loss(x: Tensor, w: Tensor, x_f8: Tensor, w_f8: Tensor, targets: Tensor, weights: Tensor,
+def fp8_head_loss(x: Tensor, w: Tensor, x_f8: Tensor, w_f8: Tensor, targets: Tensor, weights: Tensor, seq_len: int,
                   launch: list[int], approx: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The head's summed multi-token and next-token losses with x @ w.T in FP8: x_f8 and w_f8 are x and w
     divided by their scales and rounded to e4m3 (by the caller, where torch.compile fuses the casts with what
@@ -2587,12 +2841,12 @@ def fp8_head_loss(x: Tensor, w: Tensor, x_f8: Tensor, w_f8: Tensor, targets: Ten
     next-token loss carries no grad (it is what the log reports). Returns (losses, and the e5m2 grad row-major
     and transposed, for backward)."""
     z = scaled_mm(x_f8, w_f8.T, HEAD_X_SCALE, HEAD_W_SCALE, torch.bfloat16, fast_accum=True)
-    loss, ntp, g_f8, g_f8_t = softcap_ce_grad(z, targets, weights, HEAD_GRAD_SCALE, launch, approx)
+    loss, ntp, g_f8, g_f8_t = softcap_ce_grad(z, targets, weights, HEAD_GRAD_SCALE, launch, approx, seq_len)
     return loss.sum(), ntp.sum(), g_f8, g_f8_t
 
 
 @fp8_head_loss.register_fake
-def _(x, w, x_f8, w_f8, targets, weights, launch, approx):
+def _(x, w, x_f8, w_f8, targets, weights, seq_len, launch, approx):
     T, V = x.size(0), w.size(0)
     scalar = x.new_empty((), dtype=torch.float32)
     e5m2 = torch.float8_e5m2
@@ -2618,13 +2872,13 @@ def _(g_f8, g_f8_t, x_f8, w_f8, launch):
 
 def _fp8_head_setup(ctx, inputs, output):
     ctx.save_for_backward(inputs[2], inputs[3], *output[2:])
-    ctx.launch = inputs[6]
+    ctx.launch = inputs[7]
 
 
 def _fp8_head_grad(ctx, grad_loss, *_):
     x_f8, w_f8, g_f8, g_f8_t = ctx.saved_tensors
     grad_x, grad_w = fp8_mm_backward(g_f8, g_f8_t, x_f8, w_f8, ctx.launch)
-    return grad_x * grad_loss, grad_w * grad_loss, None, None, None, None, None, None
+    return grad_x * grad_loss, grad_w * grad_loss, None, None, None, None, None, None, None
 
 
 fp8_head_loss.register_autograd(_fp8_head_grad, setup_context=_fp8_head_setup)
@@ -2689,15 +2943,17 @@ def _qk_grad(ctx, dq, dk):
 qk_norm_rotary.register_autograd(_qk_grad, setup_context=_qk_setup)
 
 
-def _softcap_ce_cuda(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float, launch, approx: bool):
+def _softcap_ce_cuda(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float, launch, approx: bool,
+                     seq_len: int):
     T, V = z.shape
     loss, ntp = (torch.empty(T, device=z.device, dtype=torch.float32) for _ in range(2))
     g = torch.empty(T, V, device=z.device, dtype=torch.float8_e5m2)
     block_t, block_v, warps, *tile = launch
     assert weights.numel() == MTP_TOKENS and weights.dtype == torch.float32
-    _softcap_ce_kernel[(triton.cdiv(T, block_t),)](z, targets, weights.contiguous(), loss, ntp, g, T, 1 / grad_s, V=V,
-                                                   CAP=SOFTCAP, SHIFT=SOFTCAP_SHIFT, DIV=SOFTCAP_DIV, TOP=E5M2_MAX,
-                                                   BLOCK_T=block_t, BLOCK_V=block_v, APPROX=approx, num_warps=warps)
+    _softcap_ce_kernel[(triton.cdiv(T, block_t),)](z, targets, weights.contiguous(), loss, ntp, g, T, seq_len,
+                                                   1 / grad_s, V=V, CAP=SOFTCAP, SHIFT=SOFTCAP_SHIFT, DIV=SOFTCAP_DIV,
+                                                   TOP=E5M2_MAX, BLOCK_T=block_t, BLOCK_V=block_v, APPROX=approx,
+                                                   num_warps=warps)
     return loss, ntp, g, transposed(g, tile)
 
 
@@ -2718,7 +2974,7 @@ if triton is not None:
         return (_tanh((z + SHIFT) * (0.5 / DIV), APPROX) + 1.0) * HALF_CAP2
 
     @triton.jit
-    def _softcap_ce_kernel(z_ptr, targets_ptr, weights_ptr, loss_ptr, ntp_ptr, g_ptr, T, inv_grad_s,
+    def _softcap_ce_kernel(z_ptr, targets_ptr, weights_ptr, loss_ptr, ntp_ptr, g_ptr, T, S, inv_grad_s,
                            V: tl.constexpr, CAP: tl.constexpr, SHIFT: tl.constexpr, DIV: tl.constexpr,
                            TOP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, APPROX: tl.constexpr):
         """Rows [pid*BLOCK_T, +BLOCK_T) of softcap_ce_grad: a pass over the vocab for the log-sum-exp, a second
@@ -2726,7 +2982,7 @@ if triton is not None:
         sigmoid(u) = (1 + tanh(u/2)) / 2, so c - CAP = CAP/2 (t - 1) and dc/dz = CAP/(4 DIV) (1 - t^2).
         Exponentials are base 2 with log2(e) folded into the constants, and no running max is kept: the capped
         logits lie in (0, CAP), so exp(c - CAP) lies in (e^-CAP, 1] and a sum of them cannot overflow fp32. The
-        next 3 tokens' targets (k = 0, 1, 2, those with row + k < T) carry weights[k]."""
+        next 3 tokens' targets (k = 0, 1, 2, those in the row's sequence of S rows) carry weights[k]."""
         LOG2E: tl.constexpr = 1.4426950408889634
         HALF_CAP2: tl.constexpr = 0.5 * CAP * LOG2E  # c - CAP in base-2 units, per unit of (t - 1)
         rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)  # offsets pass 2^31
@@ -2739,7 +2995,8 @@ if triton is not None:
             th = _tanh((z + SHIFT) * (0.5 / DIV), APPROX)
             s += tl.sum(tl.where(inside, tl.exp2(th * HALF_CAP2 - HALF_CAP2), 0.0), axis=1)  # exp(c - CAP)
         lse2 = CAP * LOG2E + tl.log2(s)  # log2 of sum(exp(c))
-        live1, live2 = live & (rows + 1 < T), live & (rows + 2 < T)
+        live1 = live & (rows % S + 1 < S) & (rows + 1 < T)
+        live2 = live & (rows % S + 2 < S) & (rows + 2 < T)
         t0 = tl.load(targets_ptr + rows, mask=live, other=0).to(tl.int64)
         t1 = tl.load(targets_ptr + rows + 1, mask=live1, other=-1).to(tl.int64)
         t2 = tl.load(targets_ptr + rows + 2, mask=live2, other=-1).to(tl.int64)

@@ -36,7 +36,8 @@ def fetch(name: str, dst: Path) -> bool:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("num_train", type=int, nargs="?", default=9, help="train shards of 100M tokens (default 9)")
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="destination (default: %(default)s)")
     args = parser.parse_args(argv)

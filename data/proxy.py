@@ -27,7 +27,9 @@ def unpack(src: Path, dst: Path, num_train: int | None = None) -> list:
     train = sorted(src.glob("proxy_train_*.bin.xz"))[:num_train]
     if not val or not train:
         raise SystemExit(f"error: no proxy_val_*.bin.xz and proxy_train_*.bin.xz in {src}: pass --src with the folder "
-                         f"that holds them (they come with this workplace's shared data, not with the repository)")
+                         f"that holds them. The proxy is public-domain books of Project Gutenberg in FineWeb's shard "
+                         f"format; to make comparable shards of your own, cut books into 1.5-9 KB pieces at paragraph "
+                         f"breaks, one per line of a .jsonl file, and run data/tokenize_text.py on them")
     dst.mkdir(parents=True, exist_ok=True)
     out = []
     for xz in val + train:
@@ -43,7 +45,8 @@ def unpack(src: Path, dst: Path, num_train: int | None = None) -> list:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--src", type=Path, default=DEFAULT_SRC, help="folder of *.bin.xz (default: %(default)s)")
     parser.add_argument("--dst", type=Path, default=REPO / "data" / "proxy", help="output folder")
     parser.add_argument("--train", type=int, default=None, help="how many train shards (default: all)")

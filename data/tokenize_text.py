@@ -115,7 +115,8 @@ def tokenize(paths: list, out: Path, name: str, shard_tokens: int, workers: int,
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("inputs", nargs="+", help=".txt files (one document each) and .jsonl files")
     parser.add_argument("--out", type=Path, required=True, help="folder for the shards")
     parser.add_argument("--name", default="text", help="shard name prefix (default: %(default)s)")
@@ -125,8 +126,20 @@ def main(argv=None):
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="processes (default: all cores)")
     parser.add_argument("--bpe", default=None, help="another gpt2.tiktoken (default: data/gpt2.tiktoken)")
     args = parser.parse_args(argv)
+    for path in args.inputs:  # every input now, in one line, not in a worker's traceback with a folder made
+        if not os.path.isfile(path):
+            raise SystemExit(f"error: {path}: {'a folder' if os.path.isdir(path) else 'no such file'}: pass .txt and "
+                             f".jsonl files")
+        if not os.access(path, os.R_OK):
+            raise SystemExit(f"error: {path}: not readable (check its permissions)")
+    if args.shard_tokens < 1 or args.val_tokens < 1 or args.workers < 1:
+        raise SystemExit("error: --shard_tokens, --val_tokens and --workers must be positive")
     gpt2_encoding(args.bpe)  # fail here, once, rather than in every worker
-    tokenize(args.inputs, args.out, args.name, args.shard_tokens, args.workers, args.bpe, args.val_tokens)
+    try:
+        tokenize(args.inputs, args.out, args.name, args.shard_tokens, args.workers, args.bpe, args.val_tokens)
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError) as e:
+        raise SystemExit(f"error: an input is not UTF-8 text or JSON lines with a \"text\" field ({type(e).__name__}: "
+                         f"{str(e)[:120]})") from None
 
 
 if __name__ == "__main__":

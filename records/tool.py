@@ -168,12 +168,27 @@ def mean_std(xs):
     return float(xs.mean()), float(xs.std(ddof=1)) if len(xs) > 1 else 0.0
 
 
+def mean_pm(xs, fmt: str = ".4f", unit: str = "") -> str:
+    """'mean+-std' of several values; one value alone, without a spread it does not have."""
+    m, sd = mean_std(xs)
+    return f"{m:{fmt}}{unit}" + (f"+-{sd:{fmt}}{unit}" if len(xs) > 1 else " (one run)")
+
+
+def optional(module: str):
+    """scipy or matplotlib, the tool's optional extras, or one line saying how to get them."""
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ToolError(f"this needs {module.split('.')[0]}, which is not installed: pip install -r "
+                        f"records/requirements.txt") from None
+
+
 def t_test(losses, target: float):
     """One-sided one-sample t-test of mean(losses) < target. Returns p, or None with fewer than 2 runs."""
     if len(losses) < 2:
         return None
-    from scipy import stats
-    return float(stats.ttest_1samp(losses, target, alternative="less").pvalue)
+    return float(optional("scipy.stats").ttest_1samp(losses, target, alternative="less").pvalue)
 
 
 def refusal(runs) -> str:
@@ -207,9 +222,14 @@ def summary(paths, target) -> str:
             status += " (resumed with a changed train_gpt.py: see its log)"
         lines.append(f"{r.path.name:<40} {f'{step}/{r.num_steps}':>9} {loss:>9.4f} {ms / 1000:>9.1f}s "
                      f"{r.tokens_through(step):>14,} {r.extra.get('peak_memory', '-'):>10}  {status}")
-    losses = [r.final[1] for r in runs]
-    (lm, ls), (tm, ts) = mean_std(losses), mean_std([r.final[2] / 1000 for r in runs])
-    lines.append(f"runs:{len(runs)} val_loss:{lm:.4f}+-{ls:.4f} train_time:{tm:.1f}+-{ts:.1f}s")
+    done = [r for r in runs if r.status == "done"]
+    losses = [r.final[1] for r in done]
+    if not done:
+        lines.append(f"runs:0 finished of {len(runs)}: no statistics (they cover runs that trained all their steps)")
+    else:
+        left_out = f" ({len(runs) - len(done)} unfinished left out)" if len(done) < len(runs) else ""
+        times = mean_pm([r.final[2] / 1000 for r in done], ".1f", "s")
+        lines.append(f"runs:{len(done)} val_loss:{mean_pm(losses)} train_time:{times}{left_out}")
     if target is None and not all(reads_fineweb(r) for r in runs):
         data = sorted({str(r.config.get("train_files")) for r in runs if not reads_fineweb(r)})
         lines.append(f"no t-test: these runs read {', '.join(data)}, not FineWeb, and 3.28 is FineWeb's target "
@@ -217,7 +237,7 @@ def summary(paths, target) -> str:
         return "\n".join(lines)
     target = 3.28 if target is None else target
     why_not = refusal(runs)
-    p = None if why_not else t_test(losses, target)
+    p = None if why_not else t_test(losses, target)  # refusal(): every run finished, so losses are all of them
     if why_not:
         lines.append(f"t-test {why_not}")
     elif p is None:
@@ -235,7 +255,7 @@ def ratio_ci(a: list, b: list, level: float = 0.95):
     r = mb / ma
     if min(len(a), len(b)) < 2:
         return r, None
-    from scipy import stats
+    stats = optional("scipy.stats")
     rel = (np.var(a, ddof=1) / len(a) / ma**2 + np.var(b, ddof=1) / len(b) / mb**2) ** 0.5
     t = stats.t.ppf(0.5 + level / 2, min(len(a), len(b)) - 1)
     return r, (r * (1 - t * rel), r * (1 + t * rel))
@@ -262,8 +282,7 @@ def compare(a, b) -> str:
     if min(map(len, finals)) < 2:
         lines.append(f"difference (second - first): {diff:+.4f}; the t-test needs 2 runs per arm")
     else:
-        from scipy import stats
-        p = float(stats.ttest_ind(finals[1], finals[0], equal_var=False).pvalue)
+        p = float(optional("scipy.stats").ttest_ind(finals[1], finals[0], equal_var=False).pvalue)
         lines.append(f"difference (second - first): {diff:+.4f}, Welch's t-test p={p:.4g} (two-sided)")
     target = float(np.mean(finals[0]))
     reach = [[None if (t := first_val_at_or_below(r, target)) is None else t / 1000 for r in runs] for runs in arms]
@@ -334,6 +353,10 @@ def time_to_loss(run: Run, loss: float):
 
 def bench(ours_path, base_path, peak_tflops: float) -> str:
     ours, base = parse_log(ours_path), parse_log(base_path)
+    for r in (ours, base):
+        if r.final[0] == 0:
+            raise ToolError(f"{r.path}: the run logged no training step (its last val is at step 0): nothing to "
+                            f"time. Finish it (--resume), or pass another log")
     lines = [f"{'':<10} {'steps':>6} {'tokens':>12} {'final_val':>9} {'step_avg':>10} {'tokens/s':>10} "
              f"{'MFU':>6} {'peak_mem':>10} {'compile':>9}"]
     for name, r in [("ours", ours), ("baseline", base)]:
@@ -386,51 +409,66 @@ def diff(log, against) -> str:
 
 
 def plot(paths, out: Path) -> str:
-    """Val loss against training time and against step, and the last 40% of steps zoomed in: each folder's runs
-    in one colour (its seeds in different line styles). Returns what it skipped and wrote."""
-    import matplotlib
+    """Val loss against training time and against step, each run's whole curve, and a third panel zoomed into
+    the last 40% of the finished runs' steps. Each run has its own colour; each folder its own line style; an
+    unfinished run is marked so in the legend and ends in an x. Returns what it skipped and wrote."""
+    matplotlib = optional("matplotlib")
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = optional("matplotlib.pyplot")
+    out = Path(out)
+    if out.is_dir():
+        raise ToolError(f"{out} is a folder: pass the PNG file to write, e.g. {out / 'curve.png'}")
     runs, problems = load_runs(paths)
     if not runs:
         raise ToolError(f"no readable logs to plot in {', '.join(map(str, paths))}"
                         + (f" ({problems[0]})" if problems else ""))
     folders = sorted({r.path.parent for r in runs})
     fig, (by_time, by_step, end) = plt.subplots(1, 3, figsize=(17, 4.8))
-    seen = {}
-    for r in runs:
-        folder = r.path.parent
-        style = ["-", "--", ":", "-."][seen.setdefault(folder, 0) % 4]
-        seen[folder] += 1
+    tail_losses = []
+    for i, r in enumerate(runs):
         steps, losses, ms = zip(*r.val)
-        kw = dict(color=f"C{folders.index(folder) % 10}", linestyle=style, marker=".", label=f"{folder.name}/{r.path.stem}")
+        done = r.status == "done"
+        label = f"{r.path.parent.name}/{r.path.stem}" + ("" if done else f" (unfinished: {steps[-1]}/{r.num_steps})")
+        kw = dict(color=f"C{i % 10}", linestyle=["-", "--", ":", "-."][folders.index(r.path.parent) % 4],
+                  marker=".", label=label)
         by_time.plot([t / 1000 for t in ms], losses, **kw)
         by_step.plot(steps, losses, **kw)
+        if not done:
+            for ax, x in ((by_time, ms[-1] / 1000), (by_step, steps[-1])):
+                ax.plot([x], [losses[-1]], marker="x", markersize=9, color=kw["color"], linestyle="none")
+            continue
         tail = [(s, v) for s, v in zip(steps, losses) if s >= 0.6 * r.num_steps]
         if tail:
             end.plot(*zip(*tail), **kw)
-    finals = [r.final[1] for r in runs]
-    # the loss axis from just under the best final to where the runs are early on, not from the start's ~11
-    early = [v for r in runs for s, v, _ in r.val if s >= 0.1 * r.num_steps]
-    top = min(max(early), 2 * max(finals)) if early else max(finals) + 1
+            tail_losses += [v for _, v in tail]
     for ax, xlabel in [(by_time, "train time (s, validation excluded)"), (by_step, "step"),
-                       (end, "step (last 40% of each run)")]:
+                       (end, "step (last 40% of each finished run)")]:
         ax.set_xlabel(xlabel)
         ax.set_ylabel("val loss")
         ax.grid(alpha=0.3)
-    by_time.set_ylim(min(finals) - 0.05, top)
-    by_step.set_ylim(min(finals) - 0.05, top)
-    end.set_title(f"best final {min(finals):.4f}, worst {max(finals):.4f}", fontsize=9)
+    finals = [r.final[1] for r in runs if r.status == "done"]
+    if finals:
+        end.set_title(f"finished runs: best final {min(finals):.4f}, worst {max(finals):.4f}", fontsize=9)
+    else:
+        end.set_title("no finished run to zoom into", fontsize=9)
+    if tail_losses:
+        pad = 0.05 * (max(tail_losses) - min(tail_losses)) + 1e-3
+        end.set_ylim(min(tail_losses) - pad, max(tail_losses) + pad)
     by_time.legend(fontsize=7)
     fig.suptitle(f"val loss of {len(runs)} run(s) in {', '.join(f.name for f in folders)}")
     fig.tight_layout()
-    out = Path(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=120)
     except OSError as e:
         raise ToolError(f"cannot write {out}: {e.strerror or e}") from None
-    return "\n".join([f"skipped {p}" for p in problems] + [f"wrote {out}"])
+    lo, hi = by_step.get_ylim()
+    axes = f"val loss axis {lo:.2f}..{hi:.2f}" + (f", zoom {end.get_ylim()[0]:.3f}..{end.get_ylim()[1]:.3f}"
+                                                  if tail_losses else "")
+    unfinished = sum(r.status != "done" for r in runs)
+    plt.close(fig)
+    return "\n".join([f"skipped {p}" for p in problems] + [
+        f"wrote {out} ({len(runs)} run(s){f', {unfinished} unfinished' if unfinished else ''}; {axes})"])
 
 
 README_HEAD = """# Records
@@ -482,30 +520,33 @@ def default_against(log) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("summary", help="table of runs, mean +- std, t-test against the target")
+    s = sub.add_parser("summary", allow_abbrev=False, help="table of runs, mean +- std, t-test against the target")
     s.add_argument("paths", nargs="+", help="record folders or log files")
     s.add_argument("--target", type=float, default=None, help="val loss the one-sided t-test tests against "
                    "(default: FineWeb's 3.28 for runs on FineWeb; none for runs on other data)")
-    c = sub.add_parser("compare", help="two arms (folders of logs): mean +- std each, Welch's t-test")
+    c = sub.add_parser("compare", allow_abbrev=False,
+                       help="two arms (folders of logs): mean +- std each, Welch's t-test")
     c.add_argument("a", help="folder of the first arm's logs (e.g. the old recipe)")
     c.add_argument("b", help="folder of the second arm's logs (e.g. the new recipe)")
-    pl = sub.add_parser("plot", help="val loss curves")
+    pl = sub.add_parser("plot", allow_abbrev=False, help="val loss curves")
     pl.add_argument("paths", nargs="+", help="record folders or log files")
     pl.add_argument("-o", "--out", type=Path, default=Path("curve.png"), help="PNG to write")
-    df = sub.add_parser("diff", help="unified diff of a log's embedded source")
+    df = sub.add_parser("diff", allow_abbrev=False, help="unified diff of a log's embedded source")
     df.add_argument("log", help="a log written by train_gpt.py or the baseline")
     df.add_argument("--against", help="a script or another log (default: the script that wrote such a log: "
                                       "train_gpt.py, or records/baseline/train_gpt2.py for a baseline log)")
-    so = sub.add_parser("source", help="write the script a log embeds (to re-run an older recipe)")
+    so = sub.add_parser("source", allow_abbrev=False, help="write the script a log embeds (to re-run an older recipe)")
     so.add_argument("log", help="a log written by train_gpt.py or the baseline")
-    so.add_argument("-o", "--out", type=Path, required=True, help="file to write")
-    b = sub.add_parser("bench", help="proxy benchmark: ours vs baseline")
+    so.add_argument("-o", "--out", type=Path, required=True, help="file to write (not an existing one)")
+    so.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    b = sub.add_parser("bench", allow_abbrev=False, help="proxy benchmark: ours vs baseline")
     b.add_argument("ours", help="train_gpt.py's log")
     b.add_argument("baseline", help="records/baseline/train_gpt2.py's log")
     b.add_argument("--peak_tflops", type=float, default=H100_BF16_TFLOPS, help="dense bf16 peak for MFU")
-    sub.add_parser("readme", help="rewrite records/README.md")
+    sub.add_parser("readme", allow_abbrev=False, help="rewrite records/README.md")
     args = parser.parse_args(argv)
     try:
         print(run_command(args), end="")
@@ -526,6 +567,10 @@ def run_command(args) -> str:
         return diff(args.log, args.against or default_against(args.log)) or "no difference\n"
     if args.cmd == "source":
         source = source_of(args.log, log=True)
+        if args.out.is_dir():
+            raise ToolError(f"{args.out} is a folder: pass a file name, e.g. {args.out / 'train_gpt_of_log.py'}")
+        if args.out.exists() and not args.force:
+            raise ToolError(f"{args.out} exists: pass another -o, or --force to overwrite it")
         try:
             args.out.write_text(source)
         except OSError as e:

@@ -1,3 +1,4 @@
+import gc
 import os
 import re
 import sys
@@ -16,6 +17,28 @@ SAMPLE_TEXT = REPO / "data" / "sample"     # Project Gutenberg books (public dom
 BPE = REPO / "data" / "gpt2.tiktoken"      # GPT-2's BPE ranks
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(autouse=True)
+def free_memory_after_each_test():
+    """A trainer's model and optimizer reference each other (grad hooks, row sinks): only the cycle collector frees
+    them, and it counts objects, not bytes. Collect after every test, or a suite of tiny runs holds gigabytes."""
+    yield
+    gc.collect()
+    if _libc is not None:  # glibc keeps freed heap pages for reuse: give them back, so the suite fits a laptop
+        _libc.malloc_trim(0)
+
+
+def _glibc():
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+_libc = _glibc()
 
 
 def load_script(name: str, relpath: str):

@@ -1,6 +1,8 @@
 """records/tool.py on logs in train_gpt.py's exact format: one real tiny run, the rest written with its own
 log_line and SOURCE_END, so a change of the log format breaks these tests."""
 import json
+import re
+import sys
 
 import numpy as np
 import pytest
@@ -161,25 +163,61 @@ def test_diff_shows_what_changed(tmp_path):
     assert tool.diff(log, log) == ""
 
 
-def test_plot_draws_each_folder_in_its_colour(tmp_path):
-    """Read the PNG back: each folder's runs are drawn in its colour (matplotlib's C0, C1) on all three panels,
-    the loss axis zoomed to the runs (the start's 10.8 lies off it)."""
+def test_plot_draws_each_run_whole_in_its_own_colour(tmp_path):
+    """Read the PNG back: each run in its own colour (matplotlib's C0..C3, two folders of two) on all three
+    panels; the loss axis covers each run's whole curve, the start's 10.8 included; the zoom panel covers the
+    finished runs' last 40%; an unfinished run is named so and left out of the zoom."""
     import matplotlib.image as mpimg
     for arm, (a, b) in [("old", (5.0, 4.0)), ("new", (6.0, 4.5))]:
         (tmp_path / arm).mkdir()
         for seed in range(2):
             fake_log(tmp_path / arm / f"s{seed}.txt", [(0, 10.8, 0), (10, a, 1000), (15, (a + b) / 2, 1500),
-                                                       (20, b + 0.01 * seed, 2000)])
-    assert tool.plot([tmp_path / "new", tmp_path / "old"], tmp_path / "curve.png").endswith("curve.png")
+                                                       (20, b + 0.3 * seed, 2000)])
+    out = tool.plot([tmp_path / "new", tmp_path / "old"], tmp_path / "curve.png")
+    lo, hi, zlo, zhi = map(float, re.search(r"val loss axis (\S+)\.\.(\S+), zoom (\S+)\.\.(\S+)\)", out).groups())
+    assert lo <= 4.0 and hi >= 10.8 and zlo <= 4.0 and 5.25 <= zhi < 6.0, out
     img = mpimg.imread(tmp_path / "curve.png")[..., :3]
     width = img.shape[1]
-    for colour in ["#1f77b4", "#ff7f0e"]:
+    for colour in ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"]:
         rgb = np.array([int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)])
         hit = np.abs(img - rgb).max(-1) < 0.05
         for third in range(3):
             assert hit[:, third * width // 3:(third + 1) * width // 3].sum() > 100, (colour, third)
-    green = np.abs(img - np.array([0x2c, 0xa0, 0x2c]) / 255).max(-1) < 0.05  # C2: no third colour for 2 folders
-    assert green.sum() < 20
+    fake_log(tmp_path / "old" / "cut.txt", [(0, 10.8, 0), (10, 3.0, 1000)], num_steps=20)
+    out = tool.plot([tmp_path / "old"], tmp_path / "curve2.png")
+    assert "(3 run(s), 1 unfinished;" in out and re.search(r"zoom 3\.9\d\d\.\.", out), out  # 3.0 not in the zoom
+    with pytest.raises(tool.ToolError, match="is a folder: pass the PNG file to write"):
+        tool.plot([tmp_path / "old"], tmp_path)
+
+
+def test_summary_counts_only_finished_runs(tmp_path):
+    """Statistics over finished runs only, the others listed and counted as left out; one run has no spread."""
+    fake_log(tmp_path / "a.txt", [(0, 10.8, 0), (120, 7.7, 60_000)])
+    fake_log(tmp_path / "cut.txt", [(0, 10.8, 0), (30, 9.0, 20_000)], num_steps=120)
+    fake_log(tmp_path / "zero.txt", [(0, 10.8, 0)], num_steps=20)
+    out = tool.summary([tmp_path], target=None)
+    assert "runs:1 val_loss:7.7000 (one run) train_time:60.0s (one run) (2 unfinished left out)" in out, out
+    assert "cut.txt" in out and "incomplete" in out
+
+
+def test_tool_refuses_to_overwrite_and_says_what_it_needs(tmp_path, capsys, monkeypatch):
+    log = fake_log(tmp_path / "run.txt", [(0, 10.8, 0), (5, 9.0, 500)])
+    (tmp_path / "old.py").write_text("mine\n")
+    assert tool.main(["source", str(log), "-o", str(tmp_path / "old.py")]) == 1
+    assert "old.py exists: pass another -o, or --force to overwrite it" in capsys.readouterr().err
+    assert (tmp_path / "old.py").read_text() == "mine\n"
+    assert tool.main(["source", str(log), "-o", str(tmp_path / "old.py"), "--force"]) == 0
+    assert (tmp_path / "old.py").read_text() == "print('hi')\n" and "wrote" in capsys.readouterr().out
+    unfinished = fake_log(tmp_path / "u.txt", [(0, 10.8, 0)], num_steps=20)
+    assert tool.main(["bench", str(unfinished), str(log)]) == 1
+    assert "logged no training step" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed
+    assert tool.main(["plot", str(log), "-o", str(tmp_path / "c.png")]) == 1
+    err = capsys.readouterr().err
+    assert err == "error: this needs matplotlib, which is not installed: pip install -r records/requirements.txt\n"
+    with pytest.raises(SystemExit):
+        tool.main(["summary", str(log), "--targ", "3"])  # no abbreviations
+    assert "unrecognized arguments: --targ" in capsys.readouterr().err
 
 
 def test_current_record_runs_the_current_recipe():
@@ -190,7 +228,8 @@ def test_current_record_runs_the_current_recipe():
     assert runs and not problems
     scaled = {"num_steps", "extension_steps", "momentum_warmup_steps", "momentum_cooldown_steps"}
     own = {"train_files", "val_files", "val_tokens", "val_every", "warmup_steps", "seed", "log_dir", "run_id",
-           "save_every", "keep_last", "resume", "profile_steps", "target_val_loss", "stop_at_target"}
+           "save_every", "keep_last", "resume", "profile_steps", "target_val_loss", "stop_at_target",
+           "micro_batch"}
     defaults = fineweb_config()
     for r in runs:
         differ = {k for k, v in defaults.items() if k not in scaled | own and r.config.get(k) != v}

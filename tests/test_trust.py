@@ -1,6 +1,7 @@
 """Runs you can trust: resume that appends and refuses a changed run, divergence and bad-token stops, durable
 checkpoints, one-line errors for what users get wrong."""
 import errno
+import io
 import re
 import os
 import shutil
@@ -219,6 +220,15 @@ def test_a_failed_write_keeps_the_previous_checkpoint(sample_shards, tmp_path, m
     (["--muon_beta2", "1.5"], "--muon_beta2 must be at least 0 and below 1"),
     (["--adam_eps", "0"], "--adam_eps must be a finite number above 0"),
     (["--device", "bogus"], "--device must be cuda or cpu \\(it is 'bogus'\\)"),
+    # round four (issue 37)
+    (["--target_val_loss", "nan"], "--target_val_loss must be a finite number above 0 \\(it is nan\\)"),
+    (["--target_val_loss", "inf", "--stop_at_target", "1"], "--target_val_loss must be a finite number above 0"),
+    (["--target_val_loss", "-1"], "--target_val_loss must be a finite number above 0"),
+    (["--log_dir", ""], "--log_dir is empty"),
+    (["--micro_batch", "3"], "--micro_batch 3 does not divide the 2/4 sequences per process"),
+    (["--micro_batch", "-1"], "--micro_batch must be 0 or more"),
+    (["--vocab_size", "1000000000"], "need [0-9,.]+ GiB, and this machine has [0-9,.]+ GiB free: lower --vocab_size"),
+    (["--bigram_vocab", "10000000000"], "need [0-9,.]+ GiB, and this machine has [0-9,.]+ GiB free"),
 ])
 def test_bad_settings_are_refused_in_one_line(sample_shards, tmp_path, flags, says):
     with pytest.raises(SystemExit, match=says) as e:
@@ -228,7 +238,9 @@ def test_bad_settings_are_refused_in_one_line(sample_shards, tmp_path, flags, sa
 
 
 def test_bad_flag_values_get_one_line(capsys):
-    for argv, says in [(["--fp8_head", "yes"], "argument --fp8_head: expected 1, 0, true or false, not 'yes'"),
+    for argv, says in [(["--lr", "0.1"], "unrecognized arguments: --lr 0.1"),  # not --lr_stage_scales 0.1
+                       (["--val_tok", "1024"], "unrecognized arguments: --val_tok"),
+                       (["--fp8_head", "yes"], "argument --fp8_head: expected 1, 0, true or false, not 'yes'"),
                        (["--num_steps", "ten"], "argument --num_steps: invalid int value: 'ten'"),
                        (["--no_attn_layers", "a,b"], "expected comma-separated integers")]:
         with pytest.raises(SystemExit) as e:
@@ -557,7 +569,8 @@ def test_ctrl_c_during_a_save_is_one_line(sample_shards, tmp_path, monkeypatch):
         tiny_run(sample_shards, tmp_path, "--num_steps", "3", "--save_every", "1", "--run_id", "c")
     assert e.type is SystemExit and "\n" not in str(e.value)
     newest = tmp_path / "c_step000001.pt"
-    assert str(e.value) == f"error: interrupted at step 2; the newest complete checkpoint is {newest}"
+    # step 2's checkpoint is written once step 3 has judged its weights: that write was interrupted
+    assert str(e.value) == f"error: interrupted at step 3; the newest complete checkpoint is {newest}"
     assert (tmp_path / "c.txt").read_text().splitlines()[-1] == str(e.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt", "c_step000001.pt"]
 
@@ -674,35 +687,95 @@ def test_a_resume_from_an_older_checkpoint_sets_the_later_ones_aside(sample_shar
     assert names == ["l_step000004.abandoned.pt", "l_step000004.pt", "l_step000006.abandoned.pt", "l_step000006.pt"]
 
 
-def test_a_full_disk_while_appending_to_the_log_is_one_line_and_no_half_line(sample_shards, tmp_path, monkeypatch):
-    real_open = open
+def test_a_full_disk_while_appending_to_the_log_is_one_line_and_no_half_line(tmp_path, monkeypatch):
+    """A write that stops part-way (the disk filled): the part is cut off again, one UserError names the cause and
+    the checkpoint to resume from; a close that fails too (where a buffered file reported the full disk, a
+    traceback once came from) changes nothing."""
+    real_write, real_close = os.write, os.close
 
-    class FullDisk:
-        def __init__(self, f):
-            self.f = f
+    def full(fd, data):
+        real_write(fd, bytes(data[:5]))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-        def __getattr__(self, name):
-            return getattr(self.f, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *a):
-            self.f.close()
-
-        def write(self, text):
-            self.f.write(text[:5])
-            self.f.flush()
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    def failing_close(fd):
+        real_close(fd)
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
 
     (tmp_path / "x.txt").write_text("first line\n")
-    monkeypatch.setattr(tg, "open", lambda p, mode="r", *a, **k: FullDisk(real_open(p, mode, *a, **k)) if mode == "a"
-                        else real_open(p, mode, *a, **k), raising=False)
+    monkeypatch.setattr(tg.os, "write", full)
+    monkeypatch.setattr(tg.os, "close", failing_close)
     with pytest.raises(tg.UserError, match="cannot append to the log .*x.txt \\(No space left on device\\): free disk "
-                                           "space, then resume from the newest checkpoint \\(c.pt\\)"):
+                                           "space, then resume from the newest checkpoint, c.pt$"):
         tg.append_line(tmp_path / "x.txt", "step:2/3 train_loss:1.0", "c.pt")
+    with pytest.raises(tg.UserError, match="then start the run again \\(no checkpoint was written yet\\)$"):
+        tg.append_line(tmp_path / "x.txt", "step:2/3 train_loss:1.0")
     monkeypatch.undo()
     assert (tmp_path / "x.txt").read_text() == "first line\n"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs (a real file system that fills up), or a skip where this machine cannot mount one."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True)
+    if made.returncode:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {made.stderr.decode().strip()[:100]}")
+    yield mnt
+    subprocess.run(["umount", str(mnt)])
+
+
+def test_a_disk_that_fills_during_a_run_is_one_line(sample_shards, small_disk):
+    """A real full disk under a running trainer: once its log cannot grow, the run ends with one error line (no
+    traceback), the log's last line is whole, and no lock file is left."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "train_gpt.py"), *tiny_args(sample_shards, small_disk),
+                             "--num_steps", "500", "--val_every", "0", "--run_id", "full"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = small_disk / "full.txt"
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and (not log.exists() or log.read_text().count("\nstep:") < 3):
+            time.sleep(0.05)
+        with open(small_disk / "filler", "wb", buffering=0) as f:  # take every byte left
+            with pytest.raises(OSError):
+                while True:
+                    f.write(b"\0" * 4096)
+        err = proc.communicate(timeout=300)[1]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 1 and "Traceback" not in err, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("error: cannot append to the log")
+    assert log.read_text().endswith("\n") and not (small_disk / ".full.lock").exists()
+
+
+def test_an_unreadable_shard_is_one_line(sample_shards, tmp_path, monkeypatch):
+    """A shard the user may not read (mode 000 for a non-root user): one line naming it, from the header check
+    and from the token read."""
+    for target in ("getsize", "fromfile"):
+        real = getattr(tg.os.path if target == "getsize" else tg.np, target)
+
+        def denied(path, *a, real=real, **k):
+            if str(path).endswith("sample_train_000001.bin"):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+            return real(path, *a, **k)
+
+        monkeypatch.setattr(tg.os.path if target == "getsize" else tg.np, target, denied)
+        with pytest.raises(tg.ShardFormatError,
+                           match="sample_train_000001.bin: cannot read it \\(Permission denied\\)"):
+            tg.load_shard(str(sample_shards / "sample_train_000001.bin"))
+        monkeypatch.undo()
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_a_shard_without_read_permission_is_one_line(sample_shards, tmp_path):
+    shards = tmp_path / "shards"
+    shutil.copytree(sample_shards, shards)
+    (shards / "sample_train_000001.bin").chmod(0)
+    out = subprocess.run([sys.executable, str(REPO / "train_gpt.py"), *tiny_args(shards, tmp_path)],
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "cannot read it (Permission denied)" in out.stderr.strip().splitlines()[-1]
 
 
 def test_interrupts_and_sigterm_are_one_line(sample_shards, tmp_path, monkeypatch):
@@ -728,7 +801,8 @@ def test_interrupts_and_sigterm_are_one_line(sample_shards, tmp_path, monkeypatc
     handler = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as e:
         tiny_run(sample_shards, tmp_path, "--num_steps", "3", "--save_every", "1", "--run_id", "s")
-    assert str(e.value) == f"error: terminated (SIGTERM) at step 2; the newest complete checkpoint is " \
+    # step 2's checkpoint is written once step 3 has judged its weights: that write was cut off
+    assert str(e.value) == f"error: terminated (SIGTERM) at step 3; the newest complete checkpoint is " \
                            f"{tmp_path / 's_step000001.pt'}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.txt", "s_step000001.pt"]
     assert signal.getsignal(signal.SIGTERM) == handler  # main() puts the handler back
@@ -774,7 +848,8 @@ def test_presets_build_and_flags_beside_them_win():
     for name in tg.PRESETS:
         cfg = tg.parse_args(["--preset", name])
         tg.check_config(cfg)
-        assert cfg.device == "cpu" and cfg.train_files == "data/sample_shards/sample_train_*.bin"
+        # the shipped books under the script's folder, wherever the run is launched from
+        assert cfg.device == "cpu" and cfg.train_files == str(REPO / "data/sample_shards/sample_train_*.bin")
     assert tg.parse_args(["--preset", "smoke", "--num_steps", "7"]).num_steps == 7
     assert tg.parse_args(["--num_steps", "7", "--preset", "smoke"]).num_steps == 7
 
@@ -799,3 +874,159 @@ def test_a_micro_batch_longer_than_every_shard_says_so(sample_shards, tmp_path):
                                          "--seq_len or use larger shards") as e:
         tiny_run(sample_shards, tmp_path, "--seq_len", "262144", "--num_steps", "1", "--extension_steps", "0")
     assert "must begin with" not in str(e.value)
+
+
+# ---- round four (issue 37): healthy means the saved weights, one-line crashes, nothing silently accepted
+
+@pytest.mark.parametrize("flags,bad_from", [
+    (["--num_steps", "16", "--lr_stage_scales", "1,1e4", "--save_every", "3"], 9),  # stage 2's rates, at step 9
+    (["--num_steps", "14", "--muon_lr", "1e3", "--adam_lr", "1e3", "--save_every", "1"], 1),  # the first update
+])
+def test_a_checkpoint_is_healthy_only_if_its_weights_are(sample_shards, tmp_path, flags, bad_from):
+    """Round four's two silent cases: a checkpoint whose own weights were blown up by its step's update was
+    marked healthy, judged by the loss before that update. Now each is judged by the loss its weights give (the
+    next step's) and by its largest weight against the initial ones: the blown ones are healthy:no, the error
+    names the newest checkpoint whose weights are still sane, or says there is none."""
+    with pytest.raises(SystemExit) as e:
+        tiny_run(sample_shards, tmp_path, *flags, "--keep_last", "1", "--run_id", "b")
+    init = max(t.float().abs().max().item() for t in tg.GPT(tg.parse_args(tiny_args(sample_shards, tmp_path)))
+               .state_dict().values())
+    saved = {int(p.stem[-6:]): torch.load(p, weights_only=True) for p in tmp_path.glob("b_step*.pt")}
+    for step, ckpt in saved.items():
+        largest = max(t.float().abs().max().item() for t in ckpt["model"].values())
+        assert ckpt["healthy"] == (step < bad_from), (step, largest / init)
+        assert (largest < 10 * init) == ckpt["healthy"], (step, largest / init)  # blown means 1000s of times
+    if bad_from > 1:
+        assert f"Newest good checkpoint: {tmp_path / f'b_step{max(s for s in saved if s < bad_from):06d}.pt'}." \
+            in str(e.value)
+    else:
+        assert "no healthy checkpoint was written. Start again with lower learning rates" in str(e.value)
+    assert "--lr_stage_scales" in str(e.value)
+
+
+def test_a_val_shard_copied_among_the_train_shards_is_refused(sample_shards, tmp_path):
+    """Paths differ, bytes do not: the run would train on its validation data."""
+    shards = tmp_path / "shards"
+    shutil.copytree(sample_shards, shards)
+    shutil.copy(shards / "sample_val_000000.bin", shards / "sample_train_000002.bin")
+    with pytest.raises(SystemExit, match="sample_train_000002.bin holds the same bytes as the val shard "
+                                         ".*sample_val_000000.bin"):
+        tg.main(tiny_args(shards, tmp_path / "logs"))
+    assert not (tmp_path / "logs").exists() or list((tmp_path / "logs").iterdir()) == []
+
+
+def test_ctrl_c_inside_torch_save_is_called_an_interrupt(sample_shards, tmp_path, monkeypatch):
+    """A signal that lands inside torch.save's C++ writer comes out as its RuntimeError ("unexpected pos"),
+    with the KeyboardInterrupt as its context: an interrupt, not a disk to free."""
+    real_save, calls = torch.save, []
+
+    class Interrupting(io.RawIOBase):
+        def __init__(self, f):
+            self.f, self.n = f, 0
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            self.n += 1
+            if self.n == 3:
+                raise KeyboardInterrupt
+            return self.f.write(b)
+
+    def save(obj, f):
+        calls.append(1)
+        real_save(obj, Interrupting(f) if len(calls) == 2 else f)
+
+    monkeypatch.setattr(tg.torch, "save", save)
+    with pytest.raises(SystemExit) as e:
+        tiny_run(sample_shards, tmp_path, "--num_steps", "3", "--save_every", "1", "--run_id", "c")
+    assert str(e.value) == f"error: interrupted at step 3; the newest complete checkpoint is " \
+                           f"{tmp_path / 'c_step000001.pt'}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt", "c_step000001.pt"]
+
+
+def test_ctrl_c_before_any_checkpoint_says_there_is_none_yet(sample_shards, tmp_path, monkeypatch):
+    real = tg.train_step
+
+    def interrupted_at_2(trainer, step):
+        if step == 1:
+            raise KeyboardInterrupt
+        return real(trainer, step)
+
+    monkeypatch.setattr(tg, "train_step", interrupted_at_2)
+    with pytest.raises(SystemExit, match="^error: interrupted at step 1; no checkpoint was written yet "
+                                         "\\(--save_every K writes them\\)$"):
+        tiny_run(sample_shards, tmp_path, "--num_steps", "3", "--run_id", "i")
+
+
+def test_a_refused_resume_leaves_no_lock(sample_shards, run6, tmp_path):
+    d, _ = run6
+    shutil.copytree(d, tmp_path / "r")
+    ckpt = torch.load(d / "r_step000003.pt", weights_only=True)
+    ckpt["run_id"] = "q"
+    torch.save(ckpt, tmp_path / "q_step000003.pt")
+    with pytest.raises(SystemExit, match="is the log of run r"):
+        tg.main(resume_args(sample_shards, tmp_path / "r", "--run_id", "r", "--resume",
+                            str(tmp_path / "q_step000003.pt")))
+    assert not list((tmp_path / "r").glob(".*.lock"))
+
+
+def test_a_torn_last_log_line_is_cut_and_lr_stage_scales_may_change_on_resume(sample_shards, run6, tmp_path):
+    """A run killed mid-write leaves half a line; the resume's first line must not be glued onto it. And the flag
+    that blew up the first case above is a learning rate: a resume may lower it, logged."""
+    d, _ = run6
+    shutil.copytree(d, tmp_path / "r")
+    with open(tmp_path / "r" / "r.txt", "a") as f:
+        f.write("step:7/30 train_loss:10.4")
+    log = tg.main(resume_args(sample_shards, tmp_path / "r", "--lr_stage_scales", "1,1.2,1.4", "--resume",
+                              str(tmp_path / "r" / "r_step000003.pt")))
+    text = log.read_text()
+    assert "step:7/30" not in text and "\nnote:torn_last_line_removed bytes:25\nresumed_from:" in text
+    assert "note:resumed_with_changed_learning_rates lr_stage_scales:1.0,1.52,1.73->1.0,1.2,1.4" in text
+
+
+def test_setup_does_not_grow_with_the_step_count(sample_shards, tmp_path):
+    """--num_steps 10^8 once spent a minute before its first step (a table of every step's weights) and summed
+    10^8 batch sizes for every log line's ETA: building, 3 steps and their log lines must take about what a
+    20-step run's do."""
+    times = []
+    for n in (20, 10**8):
+        t0 = time.time()
+        flags = tiny_args(sample_shards, tmp_path, "--num_steps", str(n), "--run_id", f"n{n}")
+        trainer = tg.build(tg.parse_args(flags))
+        trainer.log_open = True
+        for step in range(3):
+            tg.log_train(trainer, tg.train_step(trainer, step))
+        times.append(time.time() - t0)
+        tg.release_lock(trainer.lock)
+    assert times[1] < 2 * times[0] + 1, times
+
+
+def test_tokens_before_equals_the_sum_over_steps():
+    """The closed form by stages against the step-by-step sum, at step counts whose stages do not divide evenly."""
+    for num_steps, ext, batch in [(1600, 40, (8, 16, 24)), (1001, 40, (8, 16, 24)), (17, 3, (1, 2, 3, 4)),
+                                  (10, 9, (5, 7)), (100, 0, (3,))]:
+        cfg = tg.Hyperparameters(num_steps=num_steps, extension_steps=ext, batch_seqs=batch)
+        for step in range(num_steps + 1):
+            assert tg.tokens_before(step, cfg) == sum(tg.batch_seqs_at(s, cfg) for s in range(step)) * cfg.seq_len
+
+
+def test_a_non_finite_parameter_stops_the_run_at_that_step(sample_shards, tmp_path, monkeypatch):
+    """An update that leaves an infinite weight while the loss is still finite (it was computed before the
+    update): the run stops at that step, logs no later step, writes no checkpoint of it, and says so."""
+    real_step = tg.ShardedOptimizer.step
+
+    def step(opt, lr_factor, momentum):
+        real_step(opt, lr_factor, momentum)
+        if opt.steps == 3:
+            with torch.no_grad():
+                opt.buckets[0].params[0].view(-1)[0] = float("inf")
+                opt.buckets[0].flat[0] = float("inf")
+
+    monkeypatch.setattr(tg.ShardedOptimizer, "step", step)
+    with pytest.raises(SystemExit, match="the parameters became non-finite at step 3: the run diverged. Newest good "
+                                         "checkpoint: .*i_step000002.pt"):
+        tiny_run(sample_shards, tmp_path, "--num_steps", "6", "--save_every", "1", "--run_id", "i")
+    log = (tmp_path / "i.txt").read_text()
+    assert "step:2/6 train_loss" in log and "step:3/6" not in log and "step:4/6" not in log
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["i_step000001.pt", "i_step000002.pt"]

@@ -74,7 +74,8 @@ def lr_at(step: int, steps: int, lr: float) -> float:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     p.add_argument("--train_files", default="data/fineweb10B/fineweb_train_*.bin")
     p.add_argument("--val_files", default="data/fineweb10B/fineweb_val_*.bin")
     p.add_argument("--val_tokens", type=int, default=10_485_760, help="rounded down to whole 1024-token rows")

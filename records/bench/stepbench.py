@@ -75,7 +75,8 @@ SCALED = ["--num_steps", "118", "--extension_steps", "3", "--momentum_warmup_ste
 
 
 def parse(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--out", required=True)
     parser.add_argument("--name", required=True)
     parser.add_argument("--data", default="/tmp/proxy", help="folder of the unpacked proxy shards")
