@@ -1233,6 +1233,8 @@ class Bucket:
         self.state = {name: torch.zeros(shard_numel if kind == "adam" or name == "momentum" else per_slot * s[0],
                                         device=device) for name, s in sizes.items()}
         self.acc = torch.zeros(self.numel, device=device) if params[0].dtype != torch.float32 else None
+        if world == 1 and self.acc is not None:  # one process: the sum is the grad the optimizer reads, as it is
+            self.grad = self.acc                 # (the bigram table's sum alone is 773 MB)
         self.ready = 0      # params of this bucket whose grads are final
         self.work = None    # the collective in flight
 
@@ -1328,16 +1330,17 @@ class ShardedOptimizer:
 
     @torch.no_grad()
     def _reduce(self, b: Bucket):
-        if b.acc is not None:
+        summed = b.grad if b.acc is b.grad else b.flat  # one process: the fp32 sum is reduced where it is
+        if b.acc is None:
+            torch.cat([p.grad.reshape(-1) for p in b.params], out=b.flat[:b.numel])
+        elif b.acc is not b.grad:
             b.flat[:b.numel].copy_(b.acc)
             b.acc.zero_()
-        else:
-            torch.cat([p.grad.reshape(-1) for p in b.params], out=b.flat[:b.numel])
         if b is self.head and self.tied:  # the embedding's grad joins lm_head's; its own update is then a copy
             n = b.params[0].numel()
-            b.flat[:n] += b.flat[n:2 * n]
-            b.flat[n:2 * n].zero_()
-        b.work = self.comm.reduce_scatter(b.grad, b.flat)
+            summed[:n] += summed[n:2 * n]
+            summed[n:2 * n].zero_()
+        b.work = Comm._Done() if summed is b.grad else self.comm.reduce_scatter(b.grad, b.flat)
 
     def _shard_slice(self, b: Bucket, numel: int) -> slice:
         return slice(self.comm.rank * numel, (self.comm.rank + 1) * numel)
@@ -1369,6 +1372,8 @@ class ShardedOptimizer:
         for b in active:
             b.work.wait()
             b.work, b.ready = None, 0
+            if b.acc is b.grad:  # consumed: the next step sums from zero
+                b.acc.zero_()
             if b is self.head and self.tied:
                 n = b.params[0].numel()
                 b.flat[n:2 * n].copy_(b.flat[:n])

@@ -438,11 +438,12 @@ def plot(paths, out: Path) -> str:
                 ax.plot([x], [losses[-1]], marker="x", markersize=9, color=kw["color"], linestyle="none")
             continue
         tail = [(s, v) for s, v in zip(steps, losses) if s >= 0.6 * r.num_steps]
+        tail = list(zip(steps, losses))[-2:] if len(tail) < 2 else tail  # a line, not a lone point
         if tail:
             end.plot(*zip(*tail), **kw)
             tail_losses += [v for _, v in tail]
     for ax, xlabel in [(by_time, "train time (s, validation excluded)"), (by_step, "step"),
-                       (end, "step (last 40% of each finished run)")]:
+                       (end, "step (the last 40% of each finished run)")]:
         ax.set_xlabel(xlabel)
         ax.set_ylabel("val loss")
         ax.grid(alpha=0.3)

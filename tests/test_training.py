@@ -194,7 +194,7 @@ def test_reduce_scatter_starts_during_backward(comm):
 
 
 def sink_run(cfg, batches, with_sinks: bool, tied: bool):
-    """2 micro-steps, the last reducing during backward; returns the buckets' reduced sums, the optimizer, the
+    """2 micro-steps, the last reducing during backward; returns the buckets' reduced grads, the optimizer, the
     model, and each table's grad by definition: one-hot(ids)^T @ (grad of the rows looked up), in float64."""
     torch.manual_seed(0)
     model = tg.GPT(cfg)
@@ -222,7 +222,7 @@ def sink_run(cfg, batches, with_sinks: bool, tied: bool):
             rows[table] = rows[table] + onehot.T @ out.grad.flatten(0, -2).double()
         looked_up.clear()
     assert opt.launched == len(opt.buckets)  # every bucket, the tables' too, launched during backward
-    return [b.flat.clone() for b in opt.buckets], opt, model, rows
+    return [b.grad.clone() for b in opt.buckets], opt, model, rows
 
 
 def test_row_sinks_sum_each_tables_grads():
@@ -280,7 +280,7 @@ def test_both_compile_scopes_compute_the_eager_step(whole):
         loss = model(seq[:-1], seq[1:], torch.tensor([128, 256]), torch.tensor([1.0, 0.5, 0.25]))[0]
         loss.backward()
         assert opt.launched == len(opt.buckets)
-        runs.append((loss.item(), [b.flat.clone() for b in opt.buckets], seen[0], graphs))
+        runs.append((loss.item(), [b.grad.clone() for b in opt.buckets], seen[0], graphs))
     (eager_loss, eager_grads, _, _), (loss, grads, launched_early, graphs) = runs
     # compiled, not run eagerly: one graph with every block, or one graph per block; the table lookups run
     # outside (their grads go to the row sinks)
