@@ -7,8 +7,8 @@ train_gpt.py: train a GPT-2-small-class model on FineWeb .bin shards to val loss
     python train_gpt.py --preset smoke                         # a tiny model on CPU, on the shipped books
     python train_gpt.py --generate CKPT --prompt "Once"        # sample from a checkpoint (--generate --help)
 
-The recipe is the NanoGPT speedrun record of 2026-01-19 (BigramHashEmbedding: 1600 steps, batches growing from
-131,072 to 393,216 tokens, mean val loss 3.2776 on 8xH100); the map below names where each of its tricks lives.
+The recipe is the NanoGPT speedrun's record of 2026-01-26 (UntieValueEmbeddings: 1575 steps, batches growing from
+131,072 to 393,216 tokens, mean val loss 3.2784 on 8xH100); the map below names where each of its tricks lives.
 Each run writes logs/<run_id>.txt, which starts with this file's source and the environment, so a log is enough
 to re-run and diff it; a resumed run appends to it. Sections, in order: config and schedules, model, optimizer,
 data, training, checkpoints, sampling, main, and last the hand-written GPU kernels ("GPU fast paths"), each with
@@ -16,8 +16,9 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 """
 
 # ----------------------------------------------------------------------------------------------------------
-# Recipe map: each trick of the 2026-01-19 record -> the symbol that implements it (the record folder, under
-# records/track_1_short/ of the speedrun's repository, that introduced it)
+# Recipe map: each trick of the default's record -> the symbol that implements it (the record folder, under
+# records/track_1_short/ of the speedrun's repository, that introduced it). The default follows the records in
+# order up to the last one named here; each port is a commit named after its record.
 #
 #   data     documents clipped to 2048 tokens, BOS-aligned micro-batches ..... TrainLoader (2025-09-03_FA3)
 #            batch size 131K -> 262K -> 393K tokens by thirds ................ batch_seqs_at (2025-11-29)
@@ -38,6 +39,8 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #            paired-head attention on layers 0, 2, 5, 9 ...................... Attention, paired_positions
 #                                                                               (2026-01-07_PairedHeadAttention)
 #            bigram hash embedding added to every layer's input .............. bigram_hash (2026-01-19)
+#            one value-embedding table per layer that has one: 0, 1 and 8-10 .. Hyperparameters.value_embeds
+#                                                                               (2026-01-26-UntieValueEmbeddings)
 #            attention output gates, ReLU^2, QK-norm, RoPE on half the dims .. Attention, MLP, norm_rotary_qk
 #   optim    NorMuon: Polar Express orthogonalization, per-neuron 2nd moment . polar_express, normuon_update
 #                                                                               (2025-09-29_PolarExpress, 2025-10-24)
@@ -59,6 +62,8 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #   - q and k come from one matmul and v from another; the output projection and MLP weights are fp32 (the
 #     record keeps bf16 weights plus a 16-bit mantissa: the same precision); losses are summed, not averaged
 #     (both optimizers ignore the loss's scale); the head runs in bf16 for validation, as the record's does.
+#   - Position 0 of every sequence hashes to the bigram table's last row. The record's in-place `x[0] = mod`
+#     also moves its position 1 (one token in 16K); ours keeps the rule as the record describes it.
 
 # ----------------------------------------------------------------------------------------------------------
 # Imports
@@ -149,7 +154,7 @@ class Hyperparameters:
                             "training (only rounding moves), fewer passes for more memory. 0 = auto: "
                             f"{AUTO_MICRO_BATCH} where that divides them, else 1")
     # schedule
-    num_steps: int = H(1600, "optimizer steps (record)")
+    num_steps: int = H(1575, "optimizer steps (record 2026-01-26: 1535 scheduled + 40 extension)")
     extension_steps: int = H(40, "the last steps, trained at the final lr, window and batch (record)")
     cooldown_frac: float = H(0.55, "last fraction of the scheduled steps over which lr falls linearly to 0.1x")
     lr_stage_scales: tuple = H((1.0, 1.52, 1.73), "lr multiplier in each part of the schedule, as batch_seqs "
@@ -177,10 +182,10 @@ class Hyperparameters:
     no_attn_layers: tuple = H((6,), "layers without attention, MLP only (record: layer 6)")
     paired_head_layers: tuple = H((0, 2, 5, 9), "layers whose heads attend in pairs over an interleaved sequence "
                                                 "(record)")
-    value_embeds: tuple = H((1, 2, -1, -1, -1, -1, -1, -1, 0, 1, 2), "per layer, the value-embedding table added "
-                                                                   "to its values, -1 for none (record); a list "
-                                                                   "that starts with -1 needs the = form: "
-                                                                   "--value_embeds=-1,0")
+    value_embeds: tuple = H((0, 1, -1, -1, -1, -1, -1, -1, 2, 3, 4), "per layer, the value-embedding table added "
+                                                                   "to its values, -1 for none (record 2026-01-26: "
+                                                                   "a table each); a list that starts with -1 "
+                                                                   "needs the = form: --value_embeds=-1,0")
     skip: tuple = H((3, 6), "U-Net skip FROM,TO: layer FROM's output, gated, joins layer TO's input (record)")
     backout_layer: int = H(7, "the output subtracts a learned multiple of this layer's output (record)")
     bigram_vocab: int = H(5 * 50304, "rows of the bigram hash embedding; 0 = none (record: 5 x 50,304)")
@@ -293,11 +298,12 @@ def help_text(f) -> str:
 
 
 # The record's layout at a width that trains on 2 CPU cores, on the shipped books (data/tokenize_text.py makes
-# data/sample_shards/): 4 layers, layer 1 without attention, layer 2's heads paired, layers 0 and 3 long-windowed
+# data/sample_shards/): 4 layers, layer 1 without attention, layer 2's heads paired, layers 0 and 3 long-windowed,
+# a value-embedding table of its own for each layer with attention (as the record's first two and last three)
 SAMPLE_SHARDS = Path(__file__).resolve().parent / "data" / "sample_shards"  # the presets' data, wherever one runs from
 _CPU = dict(device="cpu", train_files=str(SAMPLE_SHARDS / "sample_train_*.bin"),
             val_files=str(SAMPLE_SHARDS / "sample_val_*.bin"), num_layers=4, num_heads=2, head_dim=32, model_dim=64,
-            long_window_layers=(0, 3), no_attn_layers=(1,), paired_head_layers=(2,), value_embeds=(1, -1, 0, 1),
+            long_window_layers=(0, 3), no_attn_layers=(1,), paired_head_layers=(2,), value_embeds=(0, -1, 1, 2),
             skip=(0, 2), backout_layer=2, windows=(2, 4), final_window=4, val_window=6, bigram_vocab=5 * 4096,
             fp8_head=False, warmup_steps=0, val_seq_len=1024, val_tokens=8192)
 # named starting points for runs other than the record's; flags given beside --preset override it

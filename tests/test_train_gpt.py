@@ -1,6 +1,6 @@
 """CPU tests of train_gpt.py's ops, model and optimizer math, each against an independent reference: a brute-force
 mask, float64 attention, complex-number RoPE, YaRN and NorMuon written from their descriptions, an SVD polar
-factor, torch.optim.Adam, a float64 forward pass of the whole model, and the 2026-01-19 record's constants."""
+factor, torch.optim.Adam, a float64 forward pass of the whole model, and the default record's constants."""
 import dataclasses
 import json
 import math
@@ -134,12 +134,12 @@ def test_flex_and_sdpa_paths_equal_reference_attention(T, window):
     torch.testing.assert_close(sdpa[0].double(), want, atol=1e-5, rtol=1e-5)
 
 
-# ---- the record's 11-layer layout (2026-01-19), written out
+# ---- the record's 11-layer layout (2026-01-19, value embeddings as of 2026-01-26), written out
 
 RECORD_LONG = {3, 10}
 RECORD_NO_ATTN = {6}
 RECORD_PAIRED = {0, 2, 5, 9}
-RECORD_VE = {0: 1, 1: 2, 8: 0, 9: 1, 10: 2}  # layer -> value-embedding table
+RECORD_VE = {0: 0, 1: 1, 8: 2, 9: 3, 10: 4}  # layer -> value-embedding table (2026-01-26: one per layer)
 RECORD_SKIP = (3, 6)                          # layer 3's output joins layer 6's input
 RECORD_BACKOUT = 7
 L = 11
@@ -762,7 +762,7 @@ def test_the_embedding_is_tied_to_lm_head_until_untied():
 
 # ---- schedules against their formulas
 
-@pytest.mark.parametrize("num_steps,extension", [(1600, 40), (118, 3), (1001, 40), (100, 7)])
+@pytest.mark.parametrize("num_steps,extension", [(1575, 40), (1600, 40), (118, 3), (1001, 40), (100, 7)])
 def test_schedules_follow_the_record(num_steps, extension):
     """Every step, at the record's count (1560 scheduled steps divide by 3) and at counts that do not."""
     cfg = tg.parse_args(["--num_steps", str(num_steps), "--extension_steps", str(extension)])
@@ -795,7 +795,7 @@ def test_schedules_follow_the_record(num_steps, extension):
         assert tg.long_window_stages(s, cfg) == seen, s
 
 
-# ---- the recipe: the 2026-01-19 record's constants, pinned
+# ---- the recipe: the default record's constants, pinned
 
 def test_a_saved_config_reads_back_as_the_same_hyperparameters():
     """Checkpoints and log lines keep the config as JSON (tuples become lists); a key from another version of the
@@ -805,14 +805,15 @@ def test_a_saved_config_reads_back_as_the_same_hyperparameters():
         num_steps=100, no_attn_layers=(2, 5))
 
 
-def test_defaults_are_the_2026_01_19_record():
+def test_defaults_are_the_records():
+    """The constants of the default's record (2026-01-26-UntieValueEmbeddings), as its log's script sets them."""
     cfg = tg.Hyperparameters()
-    record = dict(num_steps=1600, extension_steps=40, cooldown_frac=0.55, lr_stage_scales=(1.0, 1.52, 1.73),
+    record = dict(num_steps=1575, extension_steps=40, cooldown_frac=0.55, lr_stage_scales=(1.0, 1.52, 1.73),
                   batch_seqs=(8, 16, 24), seq_len=16384, max_doc_len=2048, windows=(3, 7, 11), final_window=13,
                   val_window=20, split_embed_frac=2 / 3, mtp=True, val_seq_len=262_144, val_tokens=10_485_760,
                   val_every=250, target_val_loss=3.28, vocab_size=50304, num_layers=11, model_dim=768, num_heads=6,
                   head_dim=128, long_window_layers=(3, 10), no_attn_layers=(6,), paired_head_layers=(0, 2, 5, 9),
-                  value_embeds=(1, 2, -1, -1, -1, -1, -1, -1, 0, 1, 2), skip=(3, 6), backout_layer=7,
+                  value_embeds=(0, 1, -1, -1, -1, -1, -1, -1, 2, 3, 4), skip=(3, 6), backout_layer=7,
                   bigram_vocab=251_520, fp8_head=True, muon_lr=0.023, muon_wd=1.2, muon_beta2=0.95, adam_lr=0.008,
                   adam_wd=0.005, adam_eps=1e-10, momentum_warmup_steps=300, momentum_cooldown_steps=50)
     assert {k: getattr(cfg, k) for k in record} == record
@@ -831,7 +832,7 @@ def test_defaults_are_the_2026_01_19_record():
         "head": (0.5, 0.95), "embeds": (0.75, 0.95), "scalars": (0.9, 0.99), "x0": (0.65, 0.95),
         "gates": (0.9, 0.99), "smear": (0.9, 0.99), "skip": (0.9, 0.99)}
     assert tg.MUON_GROUPS == {"attn": 1.0, "mlp_in": 1.0, "mlp_out": 2.0}
-    assert tg.split_step(cfg) == 1041
+    assert tg.split_step(cfg) == 1025  # ceil(2/3 x 1535) | 1
 
 
 def test_full_size_model_has_the_record_parameters():
@@ -840,7 +841,7 @@ def test_full_size_model_has_the_record_parameters():
     shapes = {n: (tuple(p.shape), p.dtype) for n, p in model.named_parameters()}
     f32, bf16, V = torch.float32, torch.bfloat16, 50304
     assert shapes["embed.weight"] == ((V, 768), bf16) and shapes["head_w"] == ((V, 768), bf16)
-    assert [shapes[f"value_embeds.{i}.weight"] for i in range(3)] == [((V, 768), bf16)] * 3
+    assert [shapes[f"value_embeds.{i}.weight"] for i in range(5)] == [((V, 768), bf16)] * 5
     assert shapes["bigram_embed.weight"] == ((5 * V, 768), bf16)
     assert shapes["scalars"] == ((4 * L + 3,), f32) and shapes["x0_lambdas"] == ((L,), f32)
     assert shapes["smear_gate_w"] == shapes["skip_gate_w"] == ((1, 12), bf16)
@@ -853,7 +854,7 @@ def test_full_size_model_has_the_record_parameters():
         assert shapes[f"blocks.{i}.attn.gate_w"] == ((6, 12), bf16)
         assert (f"blocks.{i}.attn.ve_gate_w" in shapes) == (i in RECORD_VE)
     counted = sum(p.numel() for p in model.parameters())
-    assert counted == (5 + 5) * V * 768 + 10 * 4 * 768**2 + 11 * 2 * 3072 * 768 + 15 * 6 * 12 + 2 * 12 + 4 * L + 3 + L
+    assert counted == (7 + 5) * V * 768 + 10 * 4 * 768**2 + 11 * 2 * 3072 * 768 + 15 * 6 * 12 + 2 * 12 + 4 * L + 3 + L
     muon, adam = tg.param_groups(model)
     assert [tg.muon_shape_factor(p.shape) for p in muon["mlp_in"] + muon["mlp_out"]] == [2.0] * 22
     assert all(tg.muon_shape_factor(p.shape) == 1.0 for p in muon["attn"])
