@@ -7,8 +7,8 @@ train_gpt.py: train a GPT-2-small-class model on FineWeb .bin shards to val loss
     python train_gpt.py --preset smoke                         # a tiny model on CPU, on the shipped books
     python train_gpt.py --generate CKPT --prompt "Once"        # sample from a checkpoint (--generate --help)
 
-The recipe is the NanoGPT speedrun's record of 2026-01-26 (UntieValueEmbeddings: 1575 steps, batches growing from
-131,072 to 393,216 tokens, mean val loss 3.2784 on 8xH100); the map below names where each of its tricks lives.
+The recipe is the NanoGPT speedrun's record of 2026-01-30 (MimeticValueOutput, as merged: 1555 steps, batches
+growing from 131,072 to 393,216 tokens); the map below names where each of its tricks lives.
 Each run writes logs/<run_id>.txt, which starts with this file's source and the environment, so a log is enough
 to re-run and diff it; a resumed run appends to it. Sections, in order: config and schedules, model, optimizer,
 data, training, checkpoints, sampling, main, and last the hand-written GPU kernels ("GPU fast paths"), each with
@@ -41,6 +41,10 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #            bigram hash embedding added to every layer's input .............. bigram_hash (2026-01-19)
 #            one value-embedding table per layer that has one: 0, 1 and 8-10 .. Hyperparameters.value_embeds
 #                                                                               (2026-01-26-UntieValueEmbeddings)
+#            q, k, v and o all start uniform at std 0.5/sqrt(768), o not zero . ATTN_INIT_STD
+#                                                                               (2026-01-30_MimeticValueOutput; its
+#                                                                               runs tried a mimetic V-O init, the
+#                                                                               later records' scripts keep this)
 #            attention output gates, ReLU^2, QK-norm, RoPE on half the dims .. Attention, MLP, norm_rotary_qk
 #   optim    NorMuon: Polar Express orthogonalization, per-neuron 2nd moment . polar_express, normuon_update
 #                                                                               (2025-09-29_PolarExpress, 2025-10-24)
@@ -154,7 +158,7 @@ class Hyperparameters:
                             "training (only rounding moves), fewer passes for more memory. 0 = auto: "
                             f"{AUTO_MICRO_BATCH} where that divides them, else 1")
     # schedule
-    num_steps: int = H(1575, "optimizer steps (record 2026-01-26: 1535 scheduled + 40 extension)")
+    num_steps: int = H(1555, "optimizer steps (record 2026-01-30: 1515 scheduled + 40 extension)")
     extension_steps: int = H(40, "the last steps, trained at the final lr, window and batch (record)")
     cooldown_frac: float = H(0.55, "last fraction of the scheduled steps over which lr falls linearly to 0.1x")
     lr_stage_scales: tuple = H((1.0, 1.52, 1.73), "lr multiplier in each part of the schedule, as batch_seqs "
@@ -516,6 +520,7 @@ def split_step(cfg: Hyperparameters) -> int:
 # the op dispatches with on_gpu() and the kernel lives in the last section, "GPU fast paths".
 
 GATE_DIMS = 12       # the attention, value-embedding, smear and skip gates read the first 12 dims of their input
+ATTN_INIT_STD = 0.5  # q, k, v and o start uniform with std 0.5 / sqrt(dim), as the MLP's input (record 2026-01-30)
 ATTN_SCALE = 0.1     # softmax scale after QK-norm before any YaRN stage (record 2025-09-10_Yarn)
 YARN_ALPHA, YARN_BETA = 1, 32  # YaRN slows frequencies turning < 1 time per window, keeps those > 32
 BIGRAM_MULS = (36313, 27191)   # the record's bigram hash: (36313 * token) xor (27191 * previous token)
@@ -810,9 +815,9 @@ class Attention(nn.Module):
     def __init__(self, dim: int, num_heads: int, head_dim: int, has_ve: bool, paired: bool, key_offset: bool):
         super().__init__()
         self.num_heads, self.head_dim, self.paired, self.key_offset = num_heads, head_dim, paired, key_offset
-        qkvo = torch.stack([init_uniform((dim, dim), dim**-0.5) for _ in range(4)])
-        qkvo[3].zero_()  # output projection starts at zero: each block starts as the identity
-        self.qkvo_w = nn.Parameter(qkvo)
+        # all four at the MLP's scale, the output projection too (record 2026-01-30: attention contributes from
+        # the first step)
+        self.qkvo_w = nn.Parameter(torch.stack([init_uniform((dim, dim), ATTN_INIT_STD * dim**-0.5) for _ in range(4)]))
         # per head, sigmoid(gate_w @ x[:12]) scales the head's output (0.5 at the zero init)
         self.gate_w = nn.Parameter(torch.zeros(num_heads, GATE_DIMS, dtype=torch.bfloat16))
         # per head, 2 sigmoid(ve_gate_w @ x[:12]) scales the value embedding added to v (1 at the zero init)
