@@ -7,8 +7,8 @@ train_gpt.py: train a GPT-2-small-class model on FineWeb .bin shards to val loss
     python train_gpt.py --preset smoke                         # a tiny model on CPU, on the shipped books
     python train_gpt.py --generate CKPT --prompt "Once"        # sample from a checkpoint (--generate --help)
 
-The recipe is the NanoGPT speedrun's record of 2026-01-30 (MimeticValueOutput, as merged: 1555 steps, batches
-growing from 131,072 to 393,216 tokens); the map below names where each of its tricks lives.
+The recipe is the NanoGPT speedrun's record of 2026-02-03 (VeTuned: 1547 steps, batches growing from 131,072 to
+393,216 tokens); the map below names where each of its tricks lives.
 Each run writes logs/<run_id>.txt, which starts with this file's source and the environment, so a log is enough
 to re-run and diff it; a resumed run appends to it. Sections, in order: config and schedules, model, optimizer,
 data, training, checkpoints, sampling, main, and last the hand-written GPU kernels ("GPU fast paths"), each with
@@ -39,12 +39,14 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #            paired-head attention on layers 0, 2, 5, 9 ...................... Attention, paired_positions
 #                                                                               (2026-01-07_PairedHeadAttention)
 #            bigram hash embedding added to every layer's input .............. bigram_hash (2026-01-19)
-#            one value-embedding table per layer that has one: 0, 1 and 8-10 .. Hyperparameters.value_embeds
+#            one value-embedding table per layer that has one ................ Hyperparameters.value_embeds
 #                                                                               (2026-01-26-UntieValueEmbeddings)
 #            q, k, v and o all start uniform at std 0.5/sqrt(768), o not zero . ATTN_INIT_STD
 #                                                                               (2026-01-30_MimeticValueOutput; its
 #                                                                               runs tried a mimetic V-O init, the
 #                                                                               later records' scripts keep this)
+#            value embeddings on layers 1, 2 and 8-10, from 0.01 randn; their  VE_GATE_X, VE_INIT_STD
+#              gates read the first 6 dims of x and of the value embedding ... (2026-02-03_VeTuned)
 #            attention output gates, ReLU^2, QK-norm, RoPE on half the dims .. Attention, MLP, norm_rotary_qk
 #   optim    NorMuon: Polar Express orthogonalization, per-neuron 2nd moment . polar_express, normuon_update
 #                                                                               (2025-09-29_PolarExpress, 2025-10-24)
@@ -54,6 +56,9 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #            per-group Adam rates, betas and decay ............................ ADAM_GROUPS, MUON_GROUPS
 #            lr 1 -> 1.52 -> 1.73 with the batch stages, cooldown over 55% ... lr_factor
 #            Muon momentum 0.85 -> 0.95 over 300 steps, back over the last 50 . muon_momentum
+#   skipped, the same math: 2026-01-30_VeFused (the tables in one parameter), 2026-01-24_ImprovedLMHead (of
+#            2026-01-31: CE kernels and FP8 casts fused; its head computes the same function),
+#            2026-01-31-BigramHashH2D, 2026-02-02_KernelTuning (kernels and host work)
 #
 # Where ours is laid out differently from the record (the same function):
 #   - FlexAttention with a BlockMask, where the record calls FlashAttention-3's varlen kernel: one mask rule
@@ -158,7 +163,7 @@ class Hyperparameters:
                             "training (only rounding moves), fewer passes for more memory. 0 = auto: "
                             f"{AUTO_MICRO_BATCH} where that divides them, else 1")
     # schedule
-    num_steps: int = H(1555, "optimizer steps (record 2026-01-30: 1515 scheduled + 40 extension)")
+    num_steps: int = H(1547, "optimizer steps (record 2026-02-03: 1507 scheduled + 40 extension)")
     extension_steps: int = H(40, "the last steps, trained at the final lr, window and batch (record)")
     cooldown_frac: float = H(0.55, "last fraction of the scheduled steps over which lr falls linearly to 0.1x")
     lr_stage_scales: tuple = H((1.0, 1.52, 1.73), "lr multiplier in each part of the schedule, as batch_seqs "
@@ -186,10 +191,11 @@ class Hyperparameters:
     no_attn_layers: tuple = H((6,), "layers without attention, MLP only (record: layer 6)")
     paired_head_layers: tuple = H((0, 2, 5, 9), "layers whose heads attend in pairs over an interleaved sequence "
                                                 "(record)")
-    value_embeds: tuple = H((0, 1, -1, -1, -1, -1, -1, -1, 2, 3, 4), "per layer, the value-embedding table added "
-                                                                   "to its values, -1 for none (record 2026-01-26: "
-                                                                   "a table each); a list that starts with -1 "
-                                                                   "needs the = form: --value_embeds=-1,0")
+    value_embeds: tuple = H((-1, 0, 1, -1, -1, -1, -1, -1, 2, 3, 4), "per layer, the value-embedding table added "
+                                                                    "to its values, -1 for none (records "
+                                                                    "2026-01-26 and 02-03: a table each for layers "
+                                                                    "1, 2, 8-10); a list that starts with -1 "
+                                                                    "needs the = form: --value_embeds=-1,0")
     skip: tuple = H((3, 6), "U-Net skip FROM,TO: layer FROM's output, gated, joins layer TO's input (record)")
     backout_layer: int = H(7, "the output subtracts a learned multiple of this layer's output (record)")
     bigram_vocab: int = H(5 * 50304, "rows of the bigram hash embedding; 0 = none (record: 5 x 50,304)")
@@ -303,11 +309,11 @@ def help_text(f) -> str:
 
 # The record's layout at a width that trains on 2 CPU cores, on the shipped books (data/tokenize_text.py makes
 # data/sample_shards/): 4 layers, layer 1 without attention, layer 2's heads paired, layers 0 and 3 long-windowed,
-# a value-embedding table of its own for each layer with attention (as the record's first two and last three)
+# a value-embedding table of its own for layers 2 and 3 (the record's: for layers 1, 2 and the last three)
 SAMPLE_SHARDS = Path(__file__).resolve().parent / "data" / "sample_shards"  # the presets' data, wherever one runs from
 _CPU = dict(device="cpu", train_files=str(SAMPLE_SHARDS / "sample_train_*.bin"),
             val_files=str(SAMPLE_SHARDS / "sample_val_*.bin"), num_layers=4, num_heads=2, head_dim=32, model_dim=64,
-            long_window_layers=(0, 3), no_attn_layers=(1,), paired_head_layers=(2,), value_embeds=(0, -1, 1, 2),
+            long_window_layers=(0, 3), no_attn_layers=(1,), paired_head_layers=(2,), value_embeds=(-1, -1, 0, 1),
             skip=(0, 2), backout_layer=2, windows=(2, 4), final_window=4, val_window=6, bigram_vocab=5 * 4096,
             fp8_head=False, warmup_steps=0, val_seq_len=1024, val_tokens=8192)
 # named starting points for runs other than the record's; flags given beside --preset override it
@@ -521,6 +527,8 @@ def split_step(cfg: Hyperparameters) -> int:
 
 GATE_DIMS = 12       # the attention, value-embedding, smear and skip gates read the first 12 dims of their input
 ATTN_INIT_STD = 0.5  # q, k, v and o start uniform with std 0.5 / sqrt(dim), as the MLP's input (record 2026-01-30)
+VE_GATE_X = 6        # the value-embedding gate reads the first 6 dims of x and of the value embedding (2026-02-03)
+VE_INIT_STD = 0.01   # value embeddings start at 0.01 randn, not zero (record 2026-02-03_VeTuned)
 ATTN_SCALE = 0.1     # softmax scale after QK-norm before any YaRN stage (record 2025-09-10_Yarn)
 YARN_ALPHA, YARN_BETA = 1, 32  # YaRN slows frequencies turning < 1 time per window, keeps those > 32
 BIGRAM_MULS = (36313, 27191)   # the record's bigram hash: (36313 * token) xor (27191 * previous token)
@@ -820,7 +828,8 @@ class Attention(nn.Module):
         self.qkvo_w = nn.Parameter(torch.stack([init_uniform((dim, dim), ATTN_INIT_STD * dim**-0.5) for _ in range(4)]))
         # per head, sigmoid(gate_w @ x[:12]) scales the head's output (0.5 at the zero init)
         self.gate_w = nn.Parameter(torch.zeros(num_heads, GATE_DIMS, dtype=torch.bfloat16))
-        # per head, 2 sigmoid(ve_gate_w @ x[:12]) scales the value embedding added to v (1 at the zero init)
+        # per head, 2 sigmoid(ve_gate_w @ [x[:6], ve[:6]]) scales the value embedding ve added to v (1 at the zero
+        # init): the gate sees the embedding it scales (record 2026-02-03_VeTuned)
         self.ve_gate_w = nn.Parameter(torch.zeros(num_heads, GATE_DIMS, dtype=torch.bfloat16)) if has_ve else None
 
     def forward(self, x: Tensor, ve, mask, rot: Rotary, sa: Tensor, flex_options) -> Tensor:
@@ -834,7 +843,8 @@ class Attention(nn.Module):
             k = shift_stationary_keys(k)
         v = sa[0] * mm(x, self.qkvo_w[2].type_as(x).mT).view(B, T, H, D)
         if ve is not None:
-            v = v + 2 * gate(x, self.ve_gate_w)[..., None] * ve.view_as(v)
+            v = v + 2 * gate(torch.cat([x[..., :VE_GATE_X], ve[..., :GATE_DIMS - VE_GATE_X]], dim=-1),
+                             self.ve_gate_w)[..., None] * ve.view_as(v)
         if self.paired:  # heads 0..H/2-1 of token t at position 2t of a twice-as-long sequence, the others at 2t+1
             q, k, v = (t.reshape(B, 2 * T, H // 2, D) for t in (q, k, v))
         y = attention(q, k, v, mask, flex_options).reshape(B, T, H, D)
@@ -989,7 +999,7 @@ class GPT(nn.Module):
         self.bigram_embed = (nn.Embedding(cfg.bigram_vocab, dim, _weight=torch.zeros(cfg.bigram_vocab, dim, **bf16))
                              if cfg.bigram_vocab else None)
         self.ve_of_layer = list(cfg.value_embeds)
-        self.value_embeds = nn.ModuleList(nn.Embedding(V, dim, _weight=torch.zeros(V, dim, **bf16))
+        self.value_embeds = nn.ModuleList(nn.Embedding(V, dim, _weight=(torch.randn(V, dim) * VE_INIT_STD).bfloat16())
                                           for _ in range(max(cfg.value_embeds) + 1))
         self.rotary = Rotary(cfg.head_dim, 2 * max(cfg.seq_len, cfg.val_seq_len))
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(L))

@@ -139,7 +139,7 @@ def test_flex_and_sdpa_paths_equal_reference_attention(T, window):
 RECORD_LONG = {3, 10}
 RECORD_NO_ATTN = {6}
 RECORD_PAIRED = {0, 2, 5, 9}
-RECORD_VE = {0: 0, 1: 1, 8: 2, 9: 3, 10: 4}  # layer -> value-embedding table (2026-01-26: one per layer)
+RECORD_VE = {1: 0, 2: 1, 8: 2, 9: 3, 10: 4}  # layer -> value-embedding table (2026-01-26: one each; 02-03: 1, 2)
 RECORD_SKIP = (3, 6)                          # layer 3's output joins layer 6's input
 RECORD_BACKOUT = 7
 L = 11
@@ -259,7 +259,8 @@ def ref_attention(P, i, h, ve, tokens, window, heads, f, scale):
     """Layer i's attention on its normed input h (T, dim), brute force: QK rms-normed then turned (paired heads:
     head j of token t at position 2t + j mod 2), q times the scale; keys of long-window layers take their
     predecessor's values in the dims RoPE leaves still; v times the layer's first attention scalar, plus the
-    value embedding times 2 sigmoid of its gate; paired heads attend over heads 0..H/2-1 of token t at position
+    value embedding times 2 sigmoid of its gate, which reads the first 6 dims of h and of the value embedding
+    (2026-02-03); paired heads attend over heads 0..H/2-1 of token t at position
     2t and the rest at 2t+1; each head's output times sigmoid of its gate, then the output projection times the
     layer's second attention scalar."""
     T, dim = h.shape
@@ -274,7 +275,8 @@ def ref_attention(P, i, h, ve, tokens, window, heads, f, scale):
         k = torch.where(still, torch.cat([k[:1], k[:-1]]), k)
     v = sa[0] * v
     if ve is not None:
-        v = v + 2 * torch.sigmoid(h[:, :12] @ P[f"blocks.{i}.attn.ve_gate_w"].T)[..., None] * ve.view(T, heads, D)
+        gate_in = torch.cat([h[:, :6], ve[:, :6]], dim=-1)
+        v = v + 2 * torch.sigmoid(gate_in @ P[f"blocks.{i}.attn.ve_gate_w"].T)[..., None] * ve.view(T, heads, D)
     if paired:
         q, k, v = (t.reshape(2 * T, heads // 2, D) for t in (q, k, v))
     visible = torch.from_numpy(reference_mask(tokens, window, paired))
@@ -762,7 +764,8 @@ def test_the_embedding_is_tied_to_lm_head_until_untied():
 
 # ---- schedules against their formulas
 
-@pytest.mark.parametrize("num_steps,extension", [(1555, 40), (1575, 40), (1600, 40), (118, 3), (1001, 40), (100, 7)])
+@pytest.mark.parametrize("num_steps,extension", [(1547, 40), (1555, 40), (1575, 40), (1600, 40), (118, 3), (1001, 40),
+                                                 (100, 7)])
 def test_schedules_follow_the_record(num_steps, extension):
     """Every step, at the record's count (1560 scheduled steps divide by 3) and at counts that do not."""
     cfg = tg.parse_args(["--num_steps", str(num_steps), "--extension_steps", str(extension)])
@@ -806,14 +809,14 @@ def test_a_saved_config_reads_back_as_the_same_hyperparameters():
 
 
 def test_defaults_are_the_records():
-    """The constants of the default's record (2026-01-30_MimeticValueOutput as merged), as its script sets them."""
+    """The constants of the default's record (2026-02-03_VeTuned), as its log's script sets them."""
     cfg = tg.Hyperparameters()
-    record = dict(num_steps=1555, extension_steps=40, cooldown_frac=0.55, lr_stage_scales=(1.0, 1.52, 1.73),
+    record = dict(num_steps=1547, extension_steps=40, cooldown_frac=0.55, lr_stage_scales=(1.0, 1.52, 1.73),
                   batch_seqs=(8, 16, 24), seq_len=16384, max_doc_len=2048, windows=(3, 7, 11), final_window=13,
                   val_window=20, split_embed_frac=2 / 3, mtp=True, val_seq_len=262_144, val_tokens=10_485_760,
                   val_every=250, target_val_loss=3.28, vocab_size=50304, num_layers=11, model_dim=768, num_heads=6,
                   head_dim=128, long_window_layers=(3, 10), no_attn_layers=(6,), paired_head_layers=(0, 2, 5, 9),
-                  value_embeds=(0, 1, -1, -1, -1, -1, -1, -1, 2, 3, 4), skip=(3, 6), backout_layer=7,
+                  value_embeds=(-1, 0, 1, -1, -1, -1, -1, -1, 2, 3, 4), skip=(3, 6), backout_layer=7,
                   bigram_vocab=251_520, fp8_head=True, muon_lr=0.023, muon_wd=1.2, muon_beta2=0.95, adam_lr=0.008,
                   adam_wd=0.005, adam_eps=1e-10, momentum_warmup_steps=300, momentum_cooldown_steps=50)
     assert {k: getattr(cfg, k) for k in record} == record
@@ -832,8 +835,8 @@ def test_defaults_are_the_records():
         "head": (0.5, 0.95), "embeds": (0.75, 0.95), "scalars": (0.9, 0.99), "x0": (0.65, 0.95),
         "gates": (0.9, 0.99), "smear": (0.9, 0.99), "skip": (0.9, 0.99)}
     assert tg.MUON_GROUPS == {"attn": 1.0, "mlp_in": 1.0, "mlp_out": 2.0}
-    assert tg.split_step(cfg) == 1011  # ceil(2/3 x 1515) | 1
-    assert tg.ATTN_INIT_STD == 0.5
+    assert tg.split_step(cfg) == 1005  # ceil(2/3 x 1507) | 1
+    assert (tg.ATTN_INIT_STD, tg.VE_GATE_X, tg.VE_INIT_STD) == (0.5, 6, 0.01)
 
 
 def test_full_size_model_has_the_record_parameters():
@@ -866,9 +869,11 @@ def test_full_size_model_has_the_record_parameters():
     assert resid.eq(1.1).all() and sa.tolist() == [[0.5, 1.0]] * L and bigram_w.eq(0.1).all()
     assert (smear.item(), backout.item(), skip.item()) == (0.0, 0.5, -1.5) and model.x0_lambdas.eq(0).all()
     assert 0.004 < model.head_w.float().std() < 0.006 and torch.equal(model.embed.weight, model.head_w)
-    for zero in [model.bigram_embed.weight, *[e.weight for e in model.value_embeds], model.smear_gate_w,
-                 model.skip_gate_w, model.blocks[0].attn.gate_w, model.blocks[0].mlp.proj_w]:
+    for zero in [model.bigram_embed.weight, model.smear_gate_w, model.skip_gate_w, model.blocks[0].attn.gate_w,
+                 model.blocks[0].mlp.proj_w]:
         assert zero.eq(0).all()
+    for e in model.value_embeds:  # 0.01 randn (2026-02-03)
+        assert e.weight.dtype == torch.bfloat16 and 0.0095 < e.weight.float().std() < 0.0105
     # q, k, v and o uniform at the MLP input's scale, o included (2026-01-30)
     for w, std in [*[(model.blocks[0].attn.qkvo_w[j], 0.5 * 64**-0.5) for j in range(4)],
                    (model.blocks[0].mlp.fc_w, 0.5 * 64**-0.5)]:
@@ -891,14 +896,16 @@ def test_attention_and_value_gates_scale_each_head():
     torch.testing.assert_close(gated[..., :32], base[..., :32])  # head 0 unchanged
     torch.testing.assert_close(gated[..., 32:], base[..., 32:] / 0.5 * torch.sigmoid(3.0 * x[..., :1]),
                                atol=1e-5, rtol=1e-5)
-    # with v zero and each token seeing only itself, the output is its own gated value embedding
+    # with v zero and each token seeing only itself, the output is its own gated value embedding; the value
+    # embedding's gate reads x[:6] and the value embedding's own first 6 dims (2026-02-03)
     attn.qkvo_w.data[2] = 0
-    ve = torch.ones(1, 256, 64)
-    attn.ve_gate_w.data[0, 1] = 2.0
+    ve = torch.randn(1, 256, 64)
+    attn.ve_gate_w.data[0, 1] = 2.0   # head 0's gate: x[..., 1]
+    attn.ve_gate_w.data[0, 7] = -1.0  # and the value embedding's dim 1
     itself = tg.attention_mask(tg.first_visible(torch.zeros(256, dtype=torch.long), torch.tensor(0)))
     out = attn(x, ve, itself, rot, sa, None).float()
-    torch.testing.assert_close(out[..., :32], 2 * torch.sigmoid(2.0 * x[..., 1:2]) * 0.5 * torch.ones(32),
-                               atol=1e-5, rtol=1e-5)
+    want = 2 * torch.sigmoid(2.0 * x[..., 1:2] - ve[..., 1:2]) * 0.5 * ve[..., :32]
+    torch.testing.assert_close(out[..., :32], want, atol=1e-4, rtol=1e-3)
 
 
 def test_fp8_head_only_where_the_gpu_has_fp8_tensor_cores():
