@@ -22,6 +22,8 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #
 #   data     documents clipped to 2048 tokens, BOS-aligned micro-batches ..... TrainLoader (2025-09-03_FA3)
 #            batch size 131K -> 262K -> 393K tokens by thirds ................ batch_seqs_at (2025-11-29)
+#            stages end at round(S/3), round(2S/3); lr, batch, windows and MTP  stage_at, lr_factor
+#              by stage; cooldown from step int(0.45 S) ..................... (2026-01-30_VeFused: TrainingSchedule)
 #   model    11 layers, layer 0's MLP kept, its attention and layer 6's dropped . Hyperparameters.no_attn_layers
 #                                                                               (2025-09-05, 2025-09-21_DropAttn)
 #            token-exact windows, long on layers 3 and 10, grown in stages ... first_visible, windows_at
@@ -56,7 +58,7 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #            per-group Adam rates, betas and decay ............................ ADAM_GROUPS, MUON_GROUPS
 #            lr 1 -> 1.52 -> 1.73 with the batch stages, cooldown over 55% ... lr_factor
 #            Muon momentum 0.85 -> 0.95 over 300 steps, back over the last 50 . muon_momentum
-#   skipped, the same math: 2026-01-30_VeFused (the tables in one parameter), 2026-01-24_ImprovedLMHead (of
+#   skipped, the same math: 2026-01-30_VeFused's tables in one parameter, 2026-01-24_ImprovedLMHead (of
 #            2026-01-31: CE kernels and FP8 casts fused; its head computes the same function),
 #            2026-01-31-BigramHashH2D, 2026-02-02_KernelTuning (kernels and host work)
 #
@@ -84,6 +86,7 @@ import dataclasses
 import errno
 import glob
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -446,9 +449,30 @@ def scheduled_steps(cfg: Hyperparameters) -> int:
     return cfg.num_steps - cfg.extension_steps
 
 
+LR_FLOOR = 0.1  # the lr factor the cooldown ends at, kept through the extension (record)
+
+
+def stage_starts(parts: int, cfg: Hyperparameters) -> list:
+    """The first step of each of `parts` equal stages of the scheduled steps: round(c S) at c = 1/parts,
+    2/parts, ... summed in floats, as the record sums its stages' durations (record 2026-01-30_VeFused's
+    TrainingSchedule; the 2026-01-19 record's ceil(k S / parts) differs by a step where S does not divide)."""
+    return [0] + [round(c * scheduled_steps(cfg)) for c in itertools.accumulate([1 / parts] * (parts - 1))]
+
+
+def stage_at(step: int, parts: int, cfg: Hyperparameters) -> tuple[int, float]:
+    """(which of `parts` stages `step` lies in, how far through it, 0 to 1): the last stage lasts until the
+    scheduled steps end, and the extension steps after them count as past its end (1)."""
+    S, starts = scheduled_steps(cfg), stage_starts(parts, cfg)
+    if step >= S:
+        return parts - 1, 1.0
+    k = max(i for i, start in enumerate(starts) if start <= step)
+    end = starts[k + 1] if k + 1 < parts else S
+    return k, (step - starts[k]) / (end - starts[k])
+
+
 def part(step: int, parts: int, cfg: Hyperparameters) -> int:
-    """Which of `parts` equal parts of the scheduled steps `step` lies in; the last one from then on."""
-    return min(parts - 1, int(parts * step / scheduled_steps(cfg)))
+    """Which of `parts` stages of the scheduled steps `step` lies in; the last one from then on."""
+    return stage_at(step, parts, cfg)[0]
 
 
 def batch_seqs_at(step: int, cfg: Hyperparameters) -> int:
@@ -457,17 +481,16 @@ def batch_seqs_at(step: int, cfg: Hyperparameters) -> int:
 
 
 def lr_factor(step: int, cfg: Hyperparameters) -> float:
-    """The record's lr schedule: the stage's multiplier (it grows with the batch), falling linearly over the
-    last cooldown_frac of the scheduled steps to 0.1, which the extension steps keep."""
+    """The record's lr schedule (2026-01-30's TrainingSchedule): the stage's multiplier (it grows with the
+    batch), then from step int(S (1 - cooldown_frac)) a linear blend towards LR_FLOOR, reached at the last
+    scheduled step and kept through the extension."""
     S = scheduled_steps(cfg)
-    if step > S:
-        return 0.1
-    x, n = step / S, len(cfg.lr_stage_scales)
-    scale = [s for i, s in enumerate(cfg.lr_stage_scales) if i == 0 or x > i / n][-1]
-    if x >= 1 - cfg.cooldown_frac:
-        w = (1 - x) / cfg.cooldown_frac
-        return scale * w + (1 - w) * 0.1
-    return scale
+    lr = cfg.lr_stage_scales[part(step, len(cfg.lr_stage_scales), cfg)]
+    cooldown_from = int(S * (1 - cfg.cooldown_frac))
+    if step >= cooldown_from:
+        t = 1.0 if S <= cooldown_from else min(1.0, (step - cooldown_from) / (S - cooldown_from))
+        lr = lr * (1 - t) + LR_FLOOR * t
+    return lr
 
 
 def muon_momentum(step: int, cfg: Hyperparameters) -> float:
@@ -491,8 +514,7 @@ def windows_at(step: int, cfg: Hyperparameters, final_val: bool = False) -> tupl
 def long_window_stages(step: int, cfg: Hyperparameters) -> list:
     """The distinct long windows the run has moved through by `step`, in order: what YaRN has adapted to."""
     seen = []
-    for s in [0] + [math.ceil(i * scheduled_steps(cfg) / len(cfg.windows)) for i in range(1, len(cfg.windows))] + \
-             [scheduled_steps(cfg)]:
+    for s in stage_starts(len(cfg.windows), cfg) + [scheduled_steps(cfg)]:
         if s <= step:
             w = windows_at(s, cfg)[1]
             if not seen or seen[-1] != w:
@@ -501,14 +523,12 @@ def long_window_stages(step: int, cfg: Hyperparameters) -> list:
 
 
 def mtp_weights_at(step: int, cfg: Hyperparameters) -> list:
-    """Loss weights of the next 3 tokens (record): [1, 0.5, 0.25 -> 0] in the first third, [1, 0.5 -> 0] in
-    the second, [1] after."""
-    x = step / scheduled_steps(cfg)
-    if not cfg.mtp or x >= 2 / 3:
+    """Loss weights of the next 3 tokens (record): [1, 0.5, 0.25 -> 0] across the first third, [1, 0.5 -> 0]
+    across the second, [1] after; linear in the step within each third (2026-01-30's TrainingSchedule)."""
+    k, t = stage_at(step, 3, cfg)
+    if not cfg.mtp or k == 2:
         return [1.0, 0.0, 0.0]
-    if x < 1 / 3:
-        return [1.0, 0.5, 0.25 * (1 - 3 * x)]
-    return [1.0, 0.5 * (1 - (3 * x - 1)), 0.0]
+    return [1.0, 0.5, 0.25 * (1 - t)] if k == 0 else [1.0, 0.5 * (1 - t), 0.0]
 
 
 def is_adam_step(step: int) -> bool:
@@ -517,8 +537,9 @@ def is_adam_step(step: int) -> bool:
 
 
 def split_step(cfg: Hyperparameters) -> int:
-    """The step after whose update the token embedding is untied from lm_head: an Adam (odd) step."""
-    return math.ceil(cfg.split_embed_frac * scheduled_steps(cfg)) | 1
+    """The step after whose update the token embedding is untied from lm_head: the third stage's first step,
+    round(2/3 S), made odd (an Adam step)."""
+    return round(cfg.split_embed_frac * scheduled_steps(cfg)) | 1
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -2016,9 +2037,9 @@ def train_step(trainer: Trainer, step: int) -> float:
 
 def tokens_before(step: int, cfg: Hyperparameters) -> int:
     """Training tokens in the steps before `step`, stage by stage (not step by step: a run of 10^8 steps must not
-    take a minute to log a line). Stage k starts at the first step s with part(s) = k, ceil(k S / stages)."""
-    S, n = scheduled_steps(cfg), len(cfg.batch_seqs)
-    starts = [-(-k * S // n) for k in range(n)] + [math.inf]
+    take a minute to log a line)."""
+    n = len(cfg.batch_seqs)
+    starts = stage_starts(n, cfg) + [math.inf]
     seqs = sum(max(0, min(step, starts[k + 1] if k < n - 1 else math.inf) - starts[k]) * cfg.batch_seqs[k]
                for k in range(n))
     return int(seqs) * cfg.seq_len

@@ -764,31 +764,60 @@ def test_the_embedding_is_tied_to_lm_head_until_untied():
 
 # ---- schedules against their formulas
 
-@pytest.mark.parametrize("num_steps,extension", [(1547, 40), (1555, 40), (1575, 40), (1600, 40), (118, 3), (1001, 40),
-                                                 (100, 7)])
+class RecordSchedule:
+    """The record's TrainingSchedule (2026-01-30 on), from its formulas: stages end at round(S/3), round(2S/3)
+    (the durations summed as floats), S, then the extension; a step's stage is the first whose end lies past
+    it, with t its fraction through that stage; the lr is the stage's multiplier blended from step
+    int(S (1 - cooldown)) towards the floor; MTP weights interpolate linearly within each stage."""
+
+    def __init__(self, S: int, total: int, floor: float, cooldown: float):
+        c1 = 1 / 3
+        self.ends = [round(c1 * S), round((c1 + c1) * S), S, total]
+        self.S, self.floor, self.cooldown = S, floor, cooldown
+
+    def lookup(self, step):
+        start = 0
+        for i, end in enumerate(self.ends):
+            if step < end:
+                return i, (step - start) / (end - start)
+            start = end
+        return 3, 1.0
+
+    def lr(self, step):
+        stage, _ = self.lookup(step)
+        lr = [1.0, 1.52, 1.73, 1.0][stage]
+        cd = int(self.S * (1 - self.cooldown))
+        if step >= cd:
+            t = min(1.0, (step - cd) / (self.S - cd))
+            lr = lr * (1 - t) + self.floor * t
+        return lr
+
+    def mtp(self, step):
+        stage, t = self.lookup(step)
+        start, end = [([1, 0.5, 0.25], [1, 0.5, 0]), ([1, 0.5], [1, 0]), ([1], [1]), ([1], [1])][stage]
+        w = [a + (b - a) * t for a, b in zip(start, end)]
+        return w + [0.0] * (3 - len(w))
+
+
+@pytest.mark.parametrize("num_steps,extension", [(1547, 40), (1600, 40), (118, 3), (1001, 40), (100, 7)])
 def test_schedules_follow_the_record(num_steps, extension):
-    """Every step, at the record's count (1560 scheduled steps divide by 3) and at counts that do not."""
+    """Every step, at the default's count (1507 scheduled steps do not divide by 3) and others, against the
+    record's TrainingSchedule (RecordSchedule) and its window, momentum and Adam rules."""
     cfg = tg.parse_args(["--num_steps", str(num_steps), "--extension_steps", str(extension)])
     S = num_steps - extension
+    ref = RecordSchedule(S, num_steps, floor=tg.LR_FLOOR, cooldown=cfg.cooldown_frac)
     for s in range(num_steps + 1):
-        x = s / S
-        third = min(2, int(3 * x))
-        assert tg.batch_seqs_at(s, cfg) == (8, 16, 24)[third], s
-        lr_max = 1.73 if x > 2 / 3 else 1.52 if x > 1 / 3 else 1.0
-        w = (1 - x) / 0.55
-        lr = 0.1 if s > S else lr_max * w + (1 - w) * 0.1 if x >= 0.45 else lr_max
-        assert tg.lr_factor(s, cfg) == pytest.approx(lr), s
-        long = 13 if s >= S else (3, 7, 11)[third]
-        assert tg.windows_at(s, cfg) == (long // 2, long), s
+        stage, _ = ref.lookup(s)
+        assert tg.batch_seqs_at(s, cfg) == (8, 16, 24, 24)[stage], s
+        assert tg.lr_factor(s, cfg) == pytest.approx(ref.lr(s)), s
+        assert tg.windows_at(s, cfg) == [(1, 3), (3, 7), (5, 11), (6, 13)][stage], s
         mom = (0.85 + 0.1 * s / 300 if s < 300 else 0.95 - 0.1 * (s - (num_steps - 50)) / 50
                if s > num_steps - 50 else 0.95)
         assert tg.muon_momentum(s, cfg) == pytest.approx(mom), s
-        mtp = [1.0, 0.5, 0.25 * (1 - 3 * x)] if x < 1 / 3 else [1.0, 0.5 * (2 - 3 * x), 0.0] if x < 2 / 3 else \
-            [1.0, 0.0, 0.0]
-        assert tg.mtp_weights_at(s, cfg) == pytest.approx(mtp), s
+        assert tg.mtp_weights_at(s, cfg) == pytest.approx(ref.mtp(s)), s
         assert tg.is_adam_step(s) == (s % 2 == 1)
     assert tg.windows_at(num_steps, cfg, final_val=True) == (6, 20)
-    assert tg.split_step(cfg) % 2 == 1 and tg.split_step(cfg) in (math.ceil(2 * S / 3), math.ceil(2 * S / 3) + 1)
+    assert tg.split_step(cfg) == ref.ends[1] | 1  # the third stage's first step, made odd
     # the windows YaRN has adapted to by each step: every change of the long window, in order
     seen = []
     for s in range(num_steps + 1):

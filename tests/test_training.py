@@ -56,7 +56,7 @@ def test_warmup_leaves_no_trace(sample_shards, tmp_path):
 def test_every_step_and_validation_gets_the_records_schedule(sample_shards, tmp_path, monkeypatch):
     """What the trainer hands the model and the optimizer at every step and every validation of a 10-step run
     (9 scheduled + 1 extension; TINY's 2 then 4 sequences, windows 2 then 4 blocks, final 4, val 6), against
-    the record's formulas written out here: sequences per step and per forward pass, windows, YaRN stages,
+    the record's formulas (2026-01-30's TrainingSchedule) written out here: sequences per step and per forward pass, windows, YaRN stages,
     multi-token weights, lr factor, momentum, Adam's odd steps, the tie until step 7's update; at validation
     the step's windows, the final one widened to --val_window."""
     seen = []
@@ -74,24 +74,26 @@ def test_every_step_and_validation_gets_the_records_schedule(sample_shards, tmp_
     monkeypatch.setattr(tg.GPT, "forward", forward)
     monkeypatch.setattr(tg.ShardedOptimizer, "step", step)
     tiny_run(sample_shards, tmp_path, "--num_steps", "10", "--val_every", "5")
+    # the record's TrainingSchedule: 2 stages (batch, windows) split at round(9 / 2) = 4; 3 (lr, MTP) at
+    # round(9 / 3) = 3 and round(2 x 9 / 3) = 6; the cooldown from int(9 x 0.45) = 4; the untie after step
+    # round(6) | 1 = 7
     S, want = 9, []
     for s in range(11):
-        part = 0 if s < S and 2 * s < S else 1
+        part = 0 if s < 4 else 1
         long = (2, 4)[part] if s < S else 4
         if s % 5 == 0:  # validation, before the step: one 1024-token sequence
             val_long = 6 if s == 10 else long
-            want.append(("fwd", False, (1024,), (long // 2 * 128, val_long * 128), [2] if s < 5 else [2, 4], None))
+            want.append(("fwd", False, (1024,), (long // 2 * 128, val_long * 128), [2] if s < 4 else [2, 4], None))
         if s == 10:
             break
-        x = s / S
-        mtp = [1.0, 0.5, 0.25 * (1 - 3 * x)] if x < 1 / 3 else [1.0, 0.5 * (2 - 3 * x), 0.0] if x < 2 / 3 else \
-            [1.0, 0.0, 0.0]
+        third, t = (0, s / 3) if s < 3 else (1, (s - 3) / 3) if s < 6 else (2, 1.0)
+        mtp = [[1.0, 0.5, 0.25 * (1 - t)], [1.0, 0.5 * (1 - t), 0.0], [1.0, 0.0, 0.0]][third]
         for _ in range((2, 4)[part] // 2):  # forward passes of 2 sequences
             want.append(("fwd", True, (2, 128), (long // 2 * 128, long * 128), [2] if part == 0 else [2, 4],
                          [round(v, 6) for v in mtp]))
-        scale = 1.73 if x > 2 / 3 else 1.52 if x > 1 / 3 else 1.0
-        w = (1 - x) / 0.55
-        lr = 0.1 if s > S else scale * w + 0.1 * (1 - w) if x >= 0.45 else scale
+        scale = (1.0, 1.52, 1.73)[third]
+        w = min(1.0, (s - 4) / 5)
+        lr = scale * (1 - w) + tg.LR_FLOOR * w if s >= 4 else scale
         mom = 0.85 + 0.1 * s / 3 if s < 3 else 0.95 - 0.1 * (s - 9) if s > 9 else 0.95
         want.append(("opt", round(lr, 6), round(mom, 6), s % 2 == 1, s <= 7))
     assert seen == want
