@@ -273,9 +273,9 @@ def compare(a, b) -> str:
         if why_not:
             raise ToolError(f"{path}: {why_not}")
         losses = [r.final[1] for r in runs]
-        m, sd = mean_std(losses)
-        lines.append(f"{str(path):<50} runs:{len(runs)} val_loss:{m:.4f}+-{sd:.4f} "
-                     f"({', '.join(f'{x:.4f}' for x in losses)}) step_avg:{mean_std([r.final[2] / r.final[0] for r in runs])[0]:.1f}ms")
+        step_avg = mean_std([r.final[2] / r.final[0] for r in runs])[0]
+        lines.append(f"{str(path):<50} runs:{len(runs)} val_loss:{mean_pm(losses)} "
+                     f"({', '.join(f'{x:.4f}' for x in losses)}) step_avg:{step_avg:.1f}ms")
         arms.append(runs)
     finals = [[r.final[1] for r in runs] for runs in arms]
     diff = float(np.mean(finals[1]) - np.mean(finals[0]))
