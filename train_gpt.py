@@ -228,6 +228,9 @@ class Hyperparameters:
     save_every: int = H(0, "save a checkpoint every this many steps and at the end; 0 = never")
     keep_last: int = H(2, "after each save, delete this run's older checkpoints but the newest this many; 0 = keep all")
     resume: str = H("", "checkpoint to continue from, with identical data order, schedule and optimizer state")
+    stop_at: int = H(0, "end this launch after this step, with a validation and a checkpoint there, to go on "
+                        "later with --resume (a machine held for a limited time); the schedule stays --num_steps'. "
+                        "0 = train to the end")
     profile_steps: tuple = H((), "A,B: profile train steps A..B (CUDA) into <log_dir>/<run_id>_profile.txt: GPU "
                                  "time per kernel category and the top kernels")
 
@@ -268,7 +271,7 @@ class KernelSettings:
 
 # settings that may differ between a checkpoint and the run resuming it: none of them changes the training
 RESUME_FREE = ("log_dir", "run_id", "val_every", "save_every", "keep_last", "warmup_steps", "resume",
-               "target_val_loss", "stop_at_target", "profile_steps", "flex_tiles", "micro_batch")
+               "target_val_loss", "stop_at_target", "profile_steps", "flex_tiles", "micro_batch", "stop_at")
 # and these may change on resume too, logged: lower rates are how a diverged run continues from a checkpoint
 RESUME_ADJUSTABLE = ("muon_lr", "adam_lr", "lr_stage_scales")
 RUN_ID_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # a plain file name; 200 leaves room for _step...
@@ -363,9 +366,12 @@ def check_config(cfg: Hyperparameters):
         if getattr(cfg, name) <= 0:
             raise UserError(f"--{name} must be positive (it is {getattr(cfg, name)})")
     for name in ["val_every", "save_every", "keep_last", "warmup_steps", "extension_steps", "bigram_vocab",
-                 "momentum_cooldown_steps", "micro_batch"]:
+                 "momentum_cooldown_steps", "micro_batch", "stop_at"]:
         if getattr(cfg, name) < 0:
             raise UserError(f"--{name} must be 0 or more (it is {getattr(cfg, name)})")
+    if cfg.stop_at >= cfg.num_steps:
+        raise UserError(f"--stop_at {cfg.stop_at} is not before the last step (--num_steps {cfg.num_steps}): "
+                        f"leave it out to train to the end")
     if cfg.extension_steps >= cfg.num_steps:
         raise UserError(f"--extension_steps {cfg.extension_steps} leaves no scheduled steps of --num_steps "
                         f"{cfg.num_steps}")
@@ -912,7 +918,7 @@ class Block(nn.Module):
 
 def softcap(z: Tensor) -> Tensor:
     """The head's logit cap, in fp32: 23 sigmoid((z + 5) / 7.5), within (0, 23)."""
-    return SOFTCAP * torch.sigmoid((z.float() + SOFTCAP_SHIFT) / SOFTCAP_DIV)
+    return z.to(torch.float32, copy=True).add_(SOFTCAP_SHIFT).div_(SOFTCAP_DIV).sigmoid_().mul_(SOFTCAP)  # one copy
 
 
 def softcap_ce_parts(z: Tensor, targets: Tensor, weights: Tensor, seq_len: int = 0) -> tuple[Tensor, Tensor, Tensor]:
@@ -923,7 +929,7 @@ def softcap_ce_parts(z: Tensor, targets: Tensor, weights: Tensor, seq_len: int =
     (sum_k w_k softmax(c) - sum_k w_k onehot(targets[row + k])) * dc/dz, dc/dz = c (1 - c/23) / 7.5."""
     N = z.size(0)
     S = seq_len or N
-    c = z.float().add(SOFTCAP_SHIFT).div_(SOFTCAP_DIV).sigmoid_().mul_(SOFTCAP)
+    c = softcap(z)
     lse = torch.logsumexp(c, dim=-1)
     rows = torch.arange(N, device=z.device)
     # rows whose k-th next token is in their sequence (and in z, should the last sequence be cut short)
@@ -1895,12 +1901,24 @@ def micro_batch(cfg: Hyperparameters, world: int) -> int:
 STATE_BYTES = 20  # per parameter beside itself: its share of the flat fp32 copy and grad, two fp32 states, a sum
 
 
+def parameter_counts(cfg: Hyperparameters) -> tuple[int, int]:
+    """(bf16, fp32) parameter counts of the model these settings build, from its shapes: the tables, lm_head and
+    gates in bf16; the matrices and scalars in fp32 (a test checks it against GPT built on the meta device,
+    which would cost a second of imports at every launch)."""
+    V, d, L, heads = cfg.vocab_size, cfg.model_dim, cfg.num_layers, cfg.num_heads
+    attn = [i for i in range(L) if i not in cfg.no_attn_layers]
+    with_ve = [i for i in attn if cfg.value_embeds[i] >= 0]
+    bf16 = ((2 + max(cfg.value_embeds) + 1) * V + cfg.bigram_vocab) * d + \
+        (len(attn) + len(with_ve)) * heads * GATE_DIMS + 2 * GATE_DIMS
+    fp32 = L * 8 * d * d + len(attn) * 4 * d * d + 5 * L + 3
+    return bf16, fp32
+
+
 def check_memory(cfg: Hyperparameters, device: torch.device):
     """Refuse settings whose parameters and optimizer state alone do not fit the memory free now, before any
-    of it is allocated (a 10^9-row vocab would otherwise end in the allocator's traceback). The model is
-    built on the meta device: shapes, no memory."""
-    with torch.device("meta"):
-        need = sum(p.numel() * (p.element_size() + STATE_BYTES) for p in GPT(cfg).parameters())
+    of it is allocated (a 10^9-row vocab would otherwise end in the allocator's traceback)."""
+    bf16, fp32 = parameter_counts(cfg)
+    need = bf16 * (2 + STATE_BYTES) + fp32 * (4 + STATE_BYTES)
     if device.type == "cuda":
         free, where = torch.cuda.mem_get_info(device)[0], f"GPU {device.index}"
     else:
@@ -2373,6 +2391,9 @@ def read_checkpoint(cfg: Hyperparameters, comm: Comm) -> dict:
         listed = "; ".join(f"{k}: {old!r} in the checkpoint, {new!r} now" for k, (old, new) in diff.items())
         raise UserError(f"checkpoint {path} belongs to another run: {listed}. Resume with its settings (only "
                         f"{', '.join(RESUME_FREE + RESUME_ADJUSTABLE)} may change)")
+    if 0 < cfg.stop_at <= ckpt["step"]:
+        raise UserError(f"--stop_at {cfg.stop_at} is not after checkpoint {path}'s step {ckpt['step']}: name a later "
+                        f"step, or leave it out to train to the end")
     if ckpt["step"] >= cfg.num_steps:
         raise UserError(f"checkpoint {path} is at step {ckpt['step']}, the run's last (--num_steps "
                         f"{cfg.num_steps}): there is nothing left to train")
@@ -2743,25 +2764,29 @@ def _on_sigterm(signum, frame):
 
 
 def run(trainer: Trainer):
-    """The loop: validate (clock stopped), stop at the last step, train a step, log it, checkpoint."""
+    """The loop: validate (clock stopped), stop at the last step (or --stop_at's), train a step, log it,
+    checkpoint."""
     cfg = trainer.cfg
     trainer.started = True
     trainer.clock.start()
     for step in range(trainer.step, cfg.num_steps + 1):
-        last_step = step == cfg.num_steps
-        if last_step or (cfg.val_every and step % cfg.val_every == 0):
+        last_step, pause = step == cfg.num_steps, cfg.stop_at > 0 and step == cfg.stop_at
+        if last_step or pause or (cfg.val_every and step % cfg.val_every == 0):
             last_step |= validate(trainer, step) and cfg.stop_at_target
-        if last_step:
+        if last_step or pause:
             break
         with profiled(trainer, step):
             log_train(trainer, train_step(trainer, step))
         if cfg.save_every and trainer.step % cfg.save_every == 0 and trainer.step < cfg.num_steps:
             save_checkpoint(trainer)
-    if cfg.save_every:  # judged by the final validation, the loss of the weights it holds
+    if cfg.save_every or pause:  # judged by the last validation, the loss of the weights it holds
         save_checkpoint(trainer, loss=trainer.vals[-1][1])
     if trainer.device.type == "cuda":
         trainer.log(log_line(peak_memory=f"{torch.cuda.max_memory_allocated() // 2**20}MiB",
                              reserved_memory=f"{torch.cuda.max_memory_reserved() // 2**20}MiB"))
+    if pause and not last_step:  # no summary: the run goes on from the checkpoint, in this same log
+        trainer.log(log_line(stopped_at=f"{step}/{cfg.num_steps}", resume_with=trainer.last_checkpoint))
+        return
     trainer.log(summary_line(trainer))
     if trainer.comm.rank == 0:
         png = trainer.log_path.with_suffix(".png")

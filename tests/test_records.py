@@ -234,7 +234,7 @@ def test_current_record_runs_the_current_recipe():
     scaled = {"num_steps", "extension_steps", "momentum_warmup_steps", "momentum_cooldown_steps"}
     own = {"train_files", "val_files", "val_tokens", "val_every", "warmup_steps", "seed", "log_dir", "run_id",
            "save_every", "keep_last", "resume", "profile_steps", "target_val_loss", "stop_at_target",
-           "micro_batch"}
+           "micro_batch", "stop_at"}
     defaults = fineweb_config()
     for r in runs:
         differ = {k for k, v in defaults.items() if k not in scaled | own and r.config.get(k) != v}

@@ -118,8 +118,16 @@ def gloo_run(shards, log_dir, nproc: int, run_id: str) -> str:
 
 @pytest.fixture(scope="module")
 def one_process(sample_shards, tmp_path_factory):
-    d = tmp_path_factory.mktemp("gloo")
-    return d, gloo_run(sample_shards, d, 1, "one")
+    """The one-process run in this process (no torchrun: the same world of one), single-threaded as gloo_run's
+    processes are."""
+    d, threads = tmp_path_factory.mktemp("gloo"), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        args = [*tiny_args(sample_shards, d), "--batch_seqs", str(GLOO_BATCH), "--num_steps", "3", "--save_every", "3",
+                "--micro_batch", "1", "--run_id", "one"]
+        return d, tg.main(args).read_text()
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("world", [4])

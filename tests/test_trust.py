@@ -87,6 +87,29 @@ def test_resume_refuses_a_finished_run(sample_shards, run6, tmp_path):
         tg.main(resume_args(sample_shards, tmp_path, "--resume", str(d / "r_step000006.pt")))
 
 
+
+def test_stop_at_pauses_with_a_checkpoint_and_the_resumed_run_is_the_uninterrupted_one(sample_shards, run6, tmp_path):
+    """--stop_at 4 (not a val or save step): a validation and a checkpoint at step 4, no summary; resumed without
+    it, the same losses and final weights as run6, which never paused."""
+    d, full = run6
+    log = tg.main(resume_args(sample_shards, tmp_path, "--run_id", "r", "--save_every", "0", "--stop_at", "4"))
+    paused = log.read_text()
+    assert re.search(r"^step:4/6 val_loss:\S+", paused, re.M) and not re.search("^summary:", paused, re.M)
+    assert paused.rstrip().splitlines()[-1] == f"stopped_at:4/6 resume_with:{tmp_path / 'r_step000004.pt'}"
+    assert tool.parse_log(log).status == "incomplete"  # the tool counts it unfinished
+    for step in (2, 4):  # a resume that would stop at once, or before its checkpoint
+        with pytest.raises(SystemExit, match=f"--stop_at {step} is not after checkpoint .*'s step 4"):
+            tg.main(resume_args(sample_shards, tmp_path, "--run_id", "r", "--stop_at", str(step),
+                                "--resume", str(tmp_path / "r_step000004.pt")))
+    with pytest.raises(SystemExit, match="--stop_at 6 is not before the last step"):
+        tg.main(resume_args(sample_shards, tmp_path, "--stop_at", "6"))
+    tg.main(resume_args(sample_shards, tmp_path, "--run_id", "r", "--resume", str(tmp_path / "r_step000004.pt")))
+    assert losses(log.read_text()) == losses(full)
+    end_a = torch.load(d / "r_step000006.pt", weights_only=True)
+    end_b = torch.load(tmp_path / "r_step000006.pt", weights_only=True)
+    assert all(torch.equal(p, end_b["model"][name]) for name, p in end_a["model"].items())
+    assert tool.parse_log(log).status == "done"
+
 def test_unreadable_checkpoints_are_refused_in_one_line(sample_shards, run6, tmp_path):
     d, _ = run6
     good = (d / "r_step000003.pt").read_bytes()
@@ -423,21 +446,6 @@ def test_resume_refuses_data_that_changed(sample_shards, tmp_path):
     assert not (tmp_path / "d2.txt").exists()
 
 
-def test_a_run_that_does_not_learn_stops_and_can_resume_with_lower_rates(sample_shards, run6, tmp_path):
-    """Weights blown up by a huge Adam lr keep a finite loss above a uniform guess's: not a run to exit 0."""
-    with pytest.raises(SystemExit) as e:
-        tiny_run(sample_shards, tmp_path, "--num_steps", "10", "--batch_seqs", "1", "--adam_lr", "100",
-                 "--run_id", "wreck")
-    assert "at step 10" in str(e.value) and "no better than guessing uniformly among 50,304 tokens (ln 50304 = " \
-           "10.8258)" in str(e.value) and "lower learning rates (--muon_lr" in str(e.value)
-    assert (tmp_path / "wreck.txt").read_text().splitlines()[-1].startswith("error: ")
-    # the learning rates may change on resume, logged
-    d, _ = run6
-    log = tg.main(resume_args(sample_shards, tmp_path, "--run_id", "slower", "--adam_lr", "0.004", "--resume",
-                              str(d / "r_step000003.pt"))).read_text()
-    assert "note:resumed_with_changed_learning_rates adam_lr:0.008->0.004" in log
-
-
 def test_a_full_disk_gets_one_line_and_leaves_no_log_or_half_file(sample_shards, tmp_path, monkeypatch):
     real_save, calls = torch.save, []
 
@@ -597,15 +605,20 @@ def test_logs_are_created_exclusively_without_hard_links_too(tmp_path, monkeypat
 
 # ---- round three (issue 31): recovery from divergence, checked checkpoints, one process per run, interrupts
 
-def test_divergence_names_a_healthy_checkpoint_and_pruning_keeps_it(sample_shards, tmp_path):
-    """Weights blown up by a huge Adam lr: checkpoints written after the loss rose above a uniform guess's are
-    marked unhealthy; the error names the newest healthy one, which --keep_last 1 has not deleted."""
+def test_a_run_that_does_not_learn_stops_naming_a_healthy_checkpoint_that_pruning_kept(sample_shards, tmp_path):
+    """Weights blown up by a huge Adam lr keep a finite loss above a uniform guess's: not a run to exit 0. The
+    checkpoints written after the loss rose above a uniform guess's are marked unhealthy; the error names the
+    newest healthy one, which --keep_last 1 has not deleted."""
     with pytest.raises(SystemExit) as e:
         tiny_run(sample_shards, tmp_path, "--num_steps", "10", "--batch_seqs", "1", "--adam_lr", "100",
                  "--save_every", "1", "--keep_last", "1", "--run_id", "blown")
+    assert "at step 10" in str(e.value) and "no better than guessing uniformly among 50,304 tokens (ln 50304 = " \
+           "10.8258)" in str(e.value) and "lower learning rates (--muon_lr" in str(e.value)
+    log = (tmp_path / "blown.txt").read_text()
+    assert log.splitlines()[-1].startswith("error: ") and "healthy:no" in log
     named = re.search(r"Newest good checkpoint: (\S+)\.", str(e.value)).group(1)
     good = torch.load(named, weights_only=True)
-    assert good["healthy"] and good["step"] < 10 and "healthy:no" in (tmp_path / "blown.txt").read_text()
+    assert good["healthy"] and good["step"] < 10
     newest = max(tmp_path.glob("blown_step*.pt"))
     assert newest != Path(named) and not torch.load(newest, weights_only=True)["healthy"]
 
@@ -678,13 +691,14 @@ def test_a_second_launch_of_a_live_run_is_refused(sample_shards, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["live.txt"]  # the lock file goes with the run
 
 
-def test_a_resume_from_an_older_checkpoint_sets_the_later_ones_aside(sample_shards, tmp_path):
-    tiny_run(sample_shards, tmp_path, "--num_steps", "6", "--save_every", "2", "--keep_last", "0", "--run_id", "l")
-    log = tg.main(tiny_args(sample_shards, tmp_path, "--num_steps", "6", "--save_every", "2", "--keep_last", "2",
-                            "--resume", str(tmp_path / "l_step000002.pt"))).read_text()
-    assert "note:later_checkpoints_set_aside steps:4,6" in log
-    names = sorted(p.name for p in tmp_path.glob("l_step*"))
-    assert names == ["l_step000004.abandoned.pt", "l_step000004.pt", "l_step000006.abandoned.pt", "l_step000006.pt"]
+def test_a_resume_from_an_older_checkpoint_sets_the_later_ones_aside(sample_shards, run6, tmp_path):
+    d, _ = run6
+    shutil.copytree(d, tmp_path / "r")
+    log = tg.main(resume_args(sample_shards, tmp_path / "r", "--keep_last", "2", "--resume",
+                              str(tmp_path / "r" / "r_step000003.pt"))).read_text()
+    assert "note:later_checkpoints_set_aside steps:6" in log
+    names = sorted(p.name for p in (tmp_path / "r").glob("r_step*"))
+    assert names == ["r_step000003.pt", "r_step000006.abandoned.pt", "r_step000006.pt"]
 
 
 def test_a_full_disk_while_appending_to_the_log_is_one_line_and_no_half_line(tmp_path, monkeypatch):
@@ -1006,11 +1020,12 @@ def test_a_torn_last_log_line_is_cut_and_lr_stage_scales_may_change_on_resume(sa
     shutil.copytree(d, tmp_path / "r")
     with open(tmp_path / "r" / "r.txt", "a") as f:
         f.write("step:7/30 train_loss:10.4")
-    log = tg.main(resume_args(sample_shards, tmp_path / "r", "--lr_stage_scales", "1,1.2,1.4", "--resume",
-                              str(tmp_path / "r" / "r_step000003.pt")))
+    log = tg.main(resume_args(sample_shards, tmp_path / "r", "--lr_stage_scales", "1,1.2,1.4", "--adam_lr", "0.004",
+                              "--resume", str(tmp_path / "r" / "r_step000003.pt")))
     text = log.read_text()
     assert "step:7/30" not in text and "\nnote:torn_last_line_removed bytes:25\nresumed_from:" in text
-    assert "note:resumed_with_changed_learning_rates lr_stage_scales:1.0,1.52,1.73->1.0,1.2,1.4" in text
+    assert "note:resumed_with_changed_learning_rates adam_lr:0.008->0.004 lr_stage_scales:1.0,1.52,1.73->1.0,1.2,1.4" \
+        in text
 
 
 def test_setup_does_not_grow_with_the_step_count(sample_shards, tmp_path):
@@ -1058,3 +1073,15 @@ def test_a_non_finite_parameter_stops_the_run_at_that_step(sample_shards, tmp_pa
     log = (tmp_path / "i.txt").read_text()
     assert "step:2/6 train_loss" in log and "step:3/6" not in log and "step:4/6" not in log
     assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["i_step000001.pt", "i_step000002.pt"]
+
+
+@pytest.mark.parametrize("flags", [[], ["--preset", "books"], ["--value_embeds=-1,0,-1,1,2,-1,-1,-1,-1,-1,-1",
+                                                              "--bigram_vocab", "0", "--no_attn_layers", "5,6"]])
+def test_the_memory_check_counts_the_parameters_the_model_has(flags):
+    """The analytic count the memory check uses (no second of meta-device imports at every launch) against the
+    model itself built on the meta device, by dtype."""
+    cfg = tg.parse_args(flags)
+    with torch.device("meta"):
+        model = tg.GPT(cfg)
+    bf16, fp32 = (sum(p.numel() for p in model.parameters() if p.dtype == dt) for dt in (torch.bfloat16, torch.float32))
+    assert tg.parameter_counts(cfg) == (bf16, fp32)
