@@ -7,7 +7,7 @@ train_gpt.py: train a GPT-2-small-class model on FineWeb .bin shards to val loss
     python train_gpt.py --preset smoke                         # a tiny model on CPU, on the shipped books
     python train_gpt.py --generate CKPT --prompt "Once"        # sample from a checkpoint (--generate --help)
 
-The recipe is the NanoGPT speedrun's record of 2026-02-03 (VeTuned: 1547 steps, batches growing from 131,072 to
+The recipe is the NanoGPT speedrun's record of 2026-02-10 (ShortWindow: 1555 steps, batches growing from 131,072 to
 393,216 tokens); the map below names where each of its tricks lives.
 Each run writes logs/<run_id>.txt, which starts with this file's source and the environment, so a log is enough
 to re-run and diff it; a resumed run appends to it. Sections, in order: config and schedules, model, optimizer,
@@ -21,6 +21,7 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 # order up to the last one named here; each port is a commit named after its record.
 #
 #   data     documents clipped to 2048 tokens, BOS-aligned micro-batches ..... TrainLoader (2025-09-03_FA3)
+#            documents clipped to 896 tokens in the first third .............. max_doc_len_at (2026-02-10_ShortWindow)
 #            batch size 131K -> 262K -> 393K tokens by thirds ................ batch_seqs_at (2025-11-29)
 #            stages end at round(S/3), round(2S/3); lr, batch, windows and MTP  stage_at, lr_factor
 #              by stage; cooldown from step int(0.45 S) ..................... (2026-01-30_VeFused: TrainingSchedule)
@@ -49,6 +50,7 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #                                                                               later records' scripts keep this)
 #            value embeddings on layers 1, 2 and 8-10, from 0.01 randn; their  VE_GATE_X, VE_INIT_STD
 #              gates read the first 6 dims of x and of the value embedding ... (2026-02-03_VeTuned)
+#              (paired-head layers' gates read x[:12] alone)
 #            attention output gates, ReLU^2, QK-norm, RoPE on half the dims .. Attention, MLP, norm_rotary_qk
 #   optim    NorMuon: Polar Express orthogonalization, per-neuron 2nd moment . polar_express, normuon_update
 #                                                                               (2025-09-29_PolarExpress, 2025-10-24)
@@ -57,10 +59,14 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #            Adam every second step on the sum of two steps' grads ........... is_adam_step (2025-09-30_CustomBatching)
 #            per-group Adam rates, betas and decay ............................ ADAM_GROUPS, MUON_GROUPS
 #            lr 1 -> 1.52 -> 1.73 with the batch stages, cooldown over 55% ... lr_factor
+#              to 0.15 (2026-02-10_ShortWindow; 0.1 before) ................. LR_FLOOR
 #            Muon momentum 0.85 -> 0.95 over 300 steps, back over the last 50 . muon_momentum
 #   skipped, the same math: 2026-01-30_VeFused's tables in one parameter, 2026-01-24_ImprovedLMHead (of
 #            2026-01-31: CE kernels and FP8 casts fused; its head computes the same function),
-#            2026-01-31-BigramHashH2D, 2026-02-02_KernelTuning (kernels and host work)
+#            2026-01-31-BigramHashH2D, 2026-02-02_KernelTuning (kernels and host work), 2026-02-06_SparseBigramGradient
+#            (the bigram table's gradient sent sparsely between GPUs: ours sums touched rows, RowSink)
+#   left out: 2026-02-10_ShortWindow's short windows of 2 blocks in the third stage: the records after it
+#            (2026-02-12 on) keep 5, as here
 #
 # Where ours is laid out differently from the record (the same function):
 #   - FlexAttention with a BlockMask, where the record calls FlashAttention-3's varlen kernel: one mask rule
@@ -159,16 +165,18 @@ class Hyperparameters:
     val_seq_len: int = H(4 * 64 * 1024, "tokens per val sequence, a multiple of 128 (record: 262,144)")
     seq_len: int = H(16 * 1024, "tokens per micro-batch, a multiple of 128 (record: 16,384 per GPU in the first "
                                 "stage)")
-    max_doc_len: int = H(2048, "training documents are clipped to this many tokens (record)")
+    max_doc_len: tuple = H((896, 2048, 2048), "training documents are clipped to this many tokens, one value per "
+                                              "equal part of the scheduled steps (record 2026-02-10_ShortWindow: "
+                                              "896 in the first third)")
     batch_seqs: tuple = H((8, 16, 24), "micro-batches per step, one value per equal part of the scheduled steps: "
                                        "8, 16, 24 x 16,384 = 131K, 262K, 393K tokens (record)")
     micro_batch: int = H(0, "sequences per forward pass, dividing each stage's sequences per process: the same "
                             "training (only rounding moves), fewer passes for more memory. 0 = auto: "
                             f"{AUTO_MICRO_BATCH} where that divides them, else 1")
     # schedule
-    num_steps: int = H(1547, "optimizer steps (record 2026-02-03: 1507 scheduled + 40 extension)")
+    num_steps: int = H(1555, "optimizer steps (record 2026-02-10: 1515 scheduled + 40 extension)")
     extension_steps: int = H(40, "the last steps, trained at the final lr, window and batch (record)")
-    cooldown_frac: float = H(0.55, "last fraction of the scheduled steps over which lr falls linearly to 0.1x")
+    cooldown_frac: float = H(0.55, "last fraction of the scheduled steps over which lr falls linearly to 0.15x")
     lr_stage_scales: tuple = H((1.0, 1.52, 1.73), "lr multiplier in each part of the schedule, as batch_seqs "
                                                  "grows (record: (16/8)^0.6 and (24/8)^0.5, rounded)")
     windows: tuple = H((3, 7, 11), "long sliding window in 128-token blocks in each part of the schedule; "
@@ -356,12 +364,14 @@ def hyperparameters_from(saved: dict) -> Hyperparameters:
     """The Hyperparameters of a config saved as JSON (a checkpoint's, a log's config line): lists back to
     tuples, keys this version does not know left out."""
     known = {f.name for f in dataclasses.fields(Hyperparameters)}
-    return Hyperparameters(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in known})
+    per_part = {f.name for f in dataclasses.fields(Hyperparameters) if isinstance(f.default, tuple)}
+    return Hyperparameters(**{k: tuple(v) if isinstance(v, list) else (v,) if k in per_part and
+                              isinstance(v, int) else v for k, v in saved.items() if k in known})
 
 
 def check_config(cfg: Hyperparameters):
     """Refuse settings that cannot train, before anything is built."""
-    for name in ["num_steps", "seq_len", "val_seq_len", "val_tokens", "momentum_warmup_steps", "max_doc_len",
+    for name in ["num_steps", "seq_len", "val_seq_len", "val_tokens", "momentum_warmup_steps",
                  "num_layers", "model_dim", "num_heads", "head_dim", "final_window", "val_window"]:
         if getattr(cfg, name) <= 0:
             raise UserError(f"--{name} must be positive (it is {getattr(cfg, name)})")
@@ -381,7 +391,7 @@ def check_config(cfg: Hyperparameters):
     if cfg.val_tokens % cfg.val_seq_len:
         raise UserError(f"--val_tokens {cfg.val_tokens} is not a whole number of --val_seq_len {cfg.val_seq_len} "
                         f"sequences: make it {max(1, cfg.val_tokens // cfg.val_seq_len) * cfg.val_seq_len}")
-    for name in ["batch_seqs", "lr_stage_scales", "windows"]:
+    for name in ["batch_seqs", "lr_stage_scales", "windows", "max_doc_len"]:
         values = getattr(cfg, name)
         if not values or not all(0 < v < math.inf for v in values):
             raise UserError(f"--{name} takes positive numbers, one per part of the schedule (it is {values})")
@@ -455,7 +465,7 @@ def scheduled_steps(cfg: Hyperparameters) -> int:
     return cfg.num_steps - cfg.extension_steps
 
 
-LR_FLOOR = 0.1  # the lr factor the cooldown ends at, kept through the extension (record)
+LR_FLOOR = 0.15  # the lr factor the cooldown ends at, kept through the extension (record 2026-02-10_ShortWindow)
 
 
 def stage_starts(parts: int, cfg: Hyperparameters) -> list:
@@ -484,6 +494,12 @@ def part(step: int, parts: int, cfg: Hyperparameters) -> int:
 def batch_seqs_at(step: int, cfg: Hyperparameters) -> int:
     """Micro-batches in this step (record: 8, 16, 24 GPU-sequences by thirds)."""
     return cfg.batch_seqs[part(step, len(cfg.batch_seqs), cfg)]
+
+
+def max_doc_len_at(step: int, cfg: Hyperparameters) -> int:
+    """The longest document piece of this step's batch (record 2026-02-10_ShortWindow: 896 tokens in the first
+    third, 2048 after; it switches with the batch size)."""
+    return cfg.max_doc_len[part(step, len(cfg.max_doc_len), cfg)]
 
 
 def lr_factor(step: int, cfg: Hyperparameters) -> float:
@@ -856,7 +872,8 @@ class Attention(nn.Module):
         # per head, sigmoid(gate_w @ x[:12]) scales the head's output (0.5 at the zero init)
         self.gate_w = nn.Parameter(torch.zeros(num_heads, GATE_DIMS, dtype=torch.bfloat16))
         # per head, 2 sigmoid(ve_gate_w @ [x[:6], ve[:6]]) scales the value embedding ve added to v (1 at the zero
-        # init): the gate sees the embedding it scales (record 2026-02-03_VeTuned)
+        # init): the gate sees the embedding it scales (record 2026-02-03_VeTuned); on paired-head layers it
+        # reads x[:12], as before that record
         self.ve_gate_w = nn.Parameter(torch.zeros(num_heads, GATE_DIMS, dtype=torch.bfloat16)) if has_ve else None
 
     def forward(self, x: Tensor, ve, mask, rot: Rotary, sa: Tensor, flex_options) -> Tensor:
@@ -869,9 +886,9 @@ class Attention(nn.Module):
         if self.key_offset:
             k = shift_stationary_keys(k)
         v = sa[0] * mm(x, self.qkvo_w[2].type_as(x).mT).view(B, T, H, D)
-        if ve is not None:
-            v = v + 2 * gate(torch.cat([x[..., :VE_GATE_X], ve[..., :GATE_DIMS - VE_GATE_X]], dim=-1),
-                             self.ve_gate_w)[..., None] * ve.view_as(v)
+        if ve is not None:  # paired-head layers' gates read x[:12] alone (the record's paired branch)
+            ve_in = x if self.paired else torch.cat([x[..., :VE_GATE_X], ve[..., :GATE_DIMS - VE_GATE_X]], dim=-1)
+            v = v + 2 * gate(ve_in, self.ve_gate_w)[..., None] * ve.view_as(v)
         if self.paired:  # heads 0..H/2-1 of token t at position 2t of a twice-as-long sequence, the others at 2t+1
             q, k, v = (t.reshape(B, 2 * T, H // 2, D) for t in (q, k, v))
         y = attention(q, k, v, mask, flex_options).reshape(B, T, H, D)
@@ -1663,8 +1680,8 @@ def data_changes(flag: str, pattern: str, then: list, now: list) -> str:
 
 
 class TrainLoader:
-    """Micro-batches of seq_len + 1 tokens built from whole documents in order, each clipped to max_doc_len
-    tokens (the record's BOS-aligned batches): the last document of a micro-batch is cut to fill it exactly and
+    """Micro-batches of seq_len + 1 tokens built from whole documents in order, each clipped to the step's
+    max_doc_len tokens (the record's BOS-aligned batches): the last document of a micro-batch is cut to fill it exactly and
     the next micro-batch starts at the following document. One that would run past a shard's end starts over
     at the next shard's first document (shards cycle). Micro-batch i of a step goes to rank i % world, so a
     step sees the same tokens at any world size."""
@@ -1715,8 +1732,8 @@ class TrainLoader:
         raise ShardFormatError(f"no shard of {self.files[0]}... holds --seq_len {self.seq_len} + 1 tokens of "
                                f"documents (from its first <|endoftext|> on): lower --seq_len or use larger shards")
 
-    def next_batch(self, num_seqs: int) -> list:
-        seqs = []
+    def next_batch(self, num_seqs: int, max_doc_len: int) -> list:
+        self.max_doc_len, seqs = max_doc_len, []
         for i in range(num_seqs):
             seq = self._next_seq()
             if i % self.world == self.rank:
@@ -1936,7 +1953,7 @@ def check_memory(cfg: Hyperparameters, device: torch.device):
 def load_data(cfg: Hyperparameters, rank: int, world: int) -> tuple[TrainLoader, Tensor]:
     """The train loader (every shard checked) and the val tokens; a train shard that is a val shard the run
     scores, by path or by content (a copy), is refused."""
-    train_loader = TrainLoader(cfg.train_files, cfg.seq_len, cfg.max_doc_len, rank, world)
+    train_loader = TrainLoader(cfg.train_files, cfg.seq_len, min(cfg.max_doc_len), rank, world)
     val_tokens = load_val_tokens(cfg.val_files, cfg.val_tokens)
     val_files = val_files_read(cfg.val_files, cfg.val_tokens)
     overlap = sorted(set(map(os.path.realpath, train_loader.files)) & set(map(os.path.realpath, val_files)))
@@ -2019,7 +2036,7 @@ def train_step(trainer: Trainer, step: int) -> float:
     trainer.opt.adam_now = is_adam_step(step)
     loss = torch.zeros((), device=trainer.device)
     num_seqs, B = batch_seqs_at(step, cfg), trainer.micro_batch
-    seqs = trainer.train_loader.next_batch(num_seqs)
+    seqs = trainer.train_loader.next_batch(num_seqs, max_doc_len_at(step, cfg))
     for i in range(0, len(seqs), B):
         seq = torch.stack(seqs[i:i + B]).to(trainer.device, non_blocking=True)
         trainer.opt.reduce_in_backward = i + B >= len(seqs)  # the last micro-step's grads are final: reduce them now
@@ -2247,6 +2264,9 @@ def source_sha256() -> str:
 def config_diff(saved: dict, now: dict) -> dict:
     """Settings that differ between a checkpoint's config and this run's: {name: (saved, now)}."""
     saved, now = (json.loads(json.dumps(c)) for c in (saved, now))  # tuples and lists compare alike
+    for k, v in now.items():  # one number where this version takes one per stage (an older --max_doc_len)
+        if isinstance(v, list) and isinstance(saved.get(k), int):
+            saved[k] = [saved[k]]
     return {k: (saved.get(k), now.get(k)) for k in sorted(saved.keys() | now.keys()) if saved.get(k) != now.get(k)}
 
 

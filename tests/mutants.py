@@ -70,8 +70,10 @@ MUTANTS = {
     "v not scaled by its lambda": ("train_gpt.py", [
         ("        v = sa[0] * mm(x, self.qkvo_w[2]", "        v = 1 * mm(x, self.qkvo_w[2]")], [REFERENCE]),
     "value-embedding gate ignored": ("train_gpt.py", [
-        ("            v = v + 2 * gate(x, self.ve_gate_w)[..., None] * ve.view_as(v)", "            v = v + ve.view_as(v)")],
+        ("            v = v + 2 * gate(ve_in, self.ve_gate_w)[..., None] * ve.view_as(v)", "            v = v + ve.view_as(v)")],
         [REFERENCE, f"{T}::test_attention_and_value_gates_scale_each_head"]),
+    "paired-head value-embedding gate reads the value embedding": ("train_gpt.py", [
+        ("            ve_in = x if self.paired else", "            ve_in = x if False else")], [REFERENCE]),
     "x0 and residual weights swapped": ("train_gpt.py", [
         ("        x = mix[0] * x + mix[1] * x0\n", "        x = mix[1] * x + mix[0] * x0\n")], [REFERENCE]),
     "bigram hash of the token alone": ("train_gpt.py", [

@@ -260,7 +260,7 @@ def ref_attention(P, i, h, ve, tokens, window, heads, f, scale):
     head j of token t at position 2t + j mod 2), q times the scale; keys of long-window layers take their
     predecessor's values in the dims RoPE leaves still; v times the layer's first attention scalar, plus the
     value embedding times 2 sigmoid of its gate, which reads the first 6 dims of h and of the value embedding
-    (2026-02-03); paired heads attend over heads 0..H/2-1 of token t at position
+    (2026-02-03), on paired-head layers h's first 12 (the record's paired branch); paired heads attend over heads 0..H/2-1 of token t at position
     2t and the rest at 2t+1; each head's output times sigmoid of its gate, then the output projection times the
     layer's second attention scalar."""
     T, dim = h.shape
@@ -275,7 +275,7 @@ def ref_attention(P, i, h, ve, tokens, window, heads, f, scale):
         k = torch.where(still, torch.cat([k[:1], k[:-1]]), k)
     v = sa[0] * v
     if ve is not None:
-        gate_in = torch.cat([h[:, :6], ve[:, :6]], dim=-1)
+        gate_in = h[:, :12] if paired else torch.cat([h[:, :6], ve[:, :6]], dim=-1)
         v = v + 2 * torch.sigmoid(gate_in @ P[f"blocks.{i}.attn.ve_gate_w"].T)[..., None] * ve.view(T, heads, D)
     if paired:
         q, k, v = (t.reshape(2 * T, heads // 2, D) for t in (q, k, v))
@@ -788,7 +788,7 @@ class RecordSchedule:
         lr = [1.0, 1.52, 1.73, 1.0][stage]
         cd = int(self.S * (1 - self.cooldown))
         if step >= cd:
-            t = min(1.0, (step - cd) / (self.S - cd))
+            t = 1.0 if self.S <= cd else min(1.0, (step - cd) / (self.S - cd))  # 2026-02-10's guard
             lr = lr * (1 - t) + self.floor * t
         return lr
 
@@ -799,16 +799,18 @@ class RecordSchedule:
         return w + [0.0] * (3 - len(w))
 
 
-@pytest.mark.parametrize("num_steps,extension", [(1547, 40), (1600, 40), (118, 3), (1001, 40), (100, 7)])
+@pytest.mark.parametrize("num_steps,extension", [(1555, 40), (1600, 40), (118, 3), (1001, 40), (100, 7)])
 def test_schedules_follow_the_record(num_steps, extension):
-    """Every step, at the default's count (1507 scheduled steps do not divide by 3) and others, against the
-    record's TrainingSchedule (RecordSchedule) and its window, momentum and Adam rules."""
+    """Every step, at the default's count (1515 scheduled steps: round(S/3) = 505, round(2S/3) = 1010) and
+    others that do not divide by 3, against the record's TrainingSchedule (RecordSchedule) and its window,
+    document length (2026-02-10_ShortWindow: 896 tokens in the first stage), momentum and Adam rules."""
     cfg = tg.parse_args(["--num_steps", str(num_steps), "--extension_steps", str(extension)])
     S = num_steps - extension
-    ref = RecordSchedule(S, num_steps, floor=tg.LR_FLOOR, cooldown=cfg.cooldown_frac)
+    ref = RecordSchedule(S, num_steps, floor=0.15, cooldown=0.55)  # the record's (2026-02-10_ShortWindow)
     for s in range(num_steps + 1):
         stage, _ = ref.lookup(s)
         assert tg.batch_seqs_at(s, cfg) == (8, 16, 24, 24)[stage], s
+        assert tg.max_doc_len_at(s, cfg) == (896, 2048, 2048, 2048)[stage], s
         assert tg.lr_factor(s, cfg) == pytest.approx(ref.lr(s)), s
         assert tg.windows_at(s, cfg) == [(1, 3), (3, 7), (5, 11), (6, 13)][stage], s
         mom = (0.85 + 0.1 * s / 300 if s < 300 else 0.95 - 0.1 * (s - (num_steps - 50)) / 50
@@ -838,10 +840,11 @@ def test_a_saved_config_reads_back_as_the_same_hyperparameters():
 
 
 def test_defaults_are_the_records():
-    """The constants of the default's record (2026-02-03_VeTuned), as its log's script sets them."""
+    """The constants of the default's record (2026-02-10_ShortWindow, as merged), as its log's script sets
+    them."""
     cfg = tg.Hyperparameters()
-    record = dict(num_steps=1547, extension_steps=40, cooldown_frac=0.55, lr_stage_scales=(1.0, 1.52, 1.73),
-                  batch_seqs=(8, 16, 24), seq_len=16384, max_doc_len=2048, windows=(3, 7, 11), final_window=13,
+    record = dict(num_steps=1555, extension_steps=40, cooldown_frac=0.55, lr_stage_scales=(1.0, 1.52, 1.73),
+                  batch_seqs=(8, 16, 24), seq_len=16384, max_doc_len=(896, 2048, 2048), windows=(3, 7, 11), final_window=13,
                   val_window=20, split_embed_frac=2 / 3, mtp=True, val_seq_len=262_144, val_tokens=10_485_760,
                   val_every=250, target_val_loss=3.28, vocab_size=50304, num_layers=11, model_dim=768, num_heads=6,
                   head_dim=128, long_window_layers=(3, 10), no_attn_layers=(6,), paired_head_layers=(0, 2, 5, 9),
@@ -864,7 +867,8 @@ def test_defaults_are_the_records():
         "head": (0.5, 0.95), "embeds": (0.75, 0.95), "scalars": (0.9, 0.99), "x0": (0.65, 0.95),
         "gates": (0.9, 0.99), "smear": (0.9, 0.99), "skip": (0.9, 0.99)}
     assert tg.MUON_GROUPS == {"attn": 1.0, "mlp_in": 1.0, "mlp_out": 2.0}
-    assert tg.split_step(cfg) == 1005  # ceil(2/3 x 1507) | 1
+    assert tg.split_step(cfg) == 1011  # round(2/3 x 1515) | 1
+    assert tg.LR_FLOOR == 0.15
     assert (tg.ATTN_INIT_STD, tg.VE_GATE_X, tg.VE_INIT_STD) == (0.5, 6, 0.01)
 
 

@@ -660,21 +660,30 @@ def test_loader_packs_clipped_documents_and_splits_by_rank(tmp_path):
     write_shard(tmp_path / "s_001.bin", tokens[::-1])
     want = reference_chunks(tokens, 300, 200, 10 ** 6)
     one = tg.TrainLoader(str(tmp_path / "s_*.bin"), 300, 200, 0, 1)
-    got = [s.tolist() for _ in range(len(want) // 3) for s in one.next_batch(3)]
+    got = [s.tolist() for _ in range(len(want) // 3) for s in one.next_batch(3, 200)]
     assert got == want[:len(got)] and len(got) > 20
     # a micro-batch that would run past the shard's end starts over at the next shard; then the shards cycle
     visited, one, two = [0], tg.TrainLoader(str(tmp_path / "s_*.bin"), 300, 200, 0, 1), \
         [tg.TrainLoader(str(tmp_path / "s_*.bin"), 300, 200, r, 2) for r in range(2)]
     for _ in range(60):
-        seqs = one.next_batch(4)
+        seqs = one.next_batch(4, 200)
         if one.shard != visited[-1]:
             visited.append(one.shard)
         assert all(s[0] == tg.BOS_ID and len(s) == 301 for s in seqs)
-        parts = [l.next_batch(4) for l in two]
+        parts = [l.next_batch(4, 200) for l in two]
         assert all(torch.equal(seqs[i], parts[i % 2][i // 2]) for i in range(4))
     assert visited[:3] == [0, 1, 0]
     assert reference_chunks(tokens[::-1], 300, 200, 1)[0] == tg.TrainLoader(
-        str(tmp_path / "s_001.bin"), 300, 200, 0, 1).next_batch(1)[0].tolist()
+        str(tmp_path / "s_001.bin"), 300, 200, 0, 1).next_batch(1, 200)[0].tolist()
+    # the clip can change from one step to the next (2026-02-10_ShortWindow: 896 tokens, then 2048): each call's
+    # micro-batches are cut by its own length, starting where the last call stopped
+    ref100, ref200 = reference_chunks(tokens, 300, 100, 10 ** 6), reference_chunks(tokens, 300, 200, 10 ** 6)
+    mixed = tg.TrainLoader(str(tmp_path / "s_000.bin"), 300, 100, 0, 1)
+    first = [s.tolist() for s in mixed.next_batch(3, 100)]
+    rest = [s.tolist() for s in mixed.next_batch(2, 200)]
+    assert first == ref100[:3] and first != ref200[:3]
+    docs_used = sum(len(np.flatnonzero(np.array(c) == tg.BOS_ID)) for c in first)
+    assert rest == reference_chunks(tokens[np.flatnonzero(tokens == tg.BOS_ID)[docs_used]:], 300, 200, 2)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--regenerate"]:
