@@ -151,6 +151,14 @@ MUTANTS = {
         ["tests/test_training.py::test_loader_packs_clipped_documents_and_splits_by_rank"]),
     "documents not clipped": ("train_gpt.py", [("start + self.max_doc_len,", "start + 10**9,")],
         ["tests/test_training.py::test_loader_packs_clipped_documents_and_splits_by_rank"]),
+    "document clip fixed at the loader's first": ("train_gpt.py", [
+        ("        self.max_doc_len, seqs = max_doc_len, []", "        seqs = []")],
+        ["tests/test_training.py::test_loader_packs_clipped_documents_and_splits_by_rank"]),
+    "document clip 2048 from the start": ("train_gpt.py", [
+        ("    return cfg.max_doc_len[part(step, len(cfg.max_doc_len), cfg)]", "    return max(cfg.max_doc_len)")],
+        ["tests/test_train_gpt.py::test_schedules_follow_the_record"]),
+    "lr floor of 2026-02-03": ("train_gpt.py", [("LR_FLOOR = 0.15", "LR_FLOOR = 0.1")],
+        ["tests/test_train_gpt.py::test_schedules_follow_the_record", "tests/test_train_gpt.py::test_defaults_are_the_records"]),
     # compile, kernels' settings, errors, tools
     "whole-model compile done block by block": ("train_gpt.py", [("        if whole:\n", "        if False:\n")],
         ["tests/test_training.py::test_both_compile_scopes_compute_the_eager_step"]),
