@@ -7,7 +7,7 @@ train_gpt.py: train a GPT-2-small-class model on FineWeb .bin shards to val loss
     python train_gpt.py --preset smoke                         # a tiny model on CPU, on the shipped books
     python train_gpt.py --generate CKPT --prompt "Once"        # sample from a checkpoint (--generate --help)
 
-The recipe is the NanoGPT speedrun's record of 2026-02-10 (ShortWindow: 1555 steps, batches growing from 131,072 to
+The recipe is the NanoGPT speedrun's record of 2026-03-06 (SimplifyHC: 1490 steps, batches growing from 131,072 to
 393,216 tokens); the map below names where each of its tricks lives.
 Each run writes logs/<run_id>.txt, which starts with this file's source and the environment, so a log is enough
 to re-run and diff it; a resumed run appends to it. Sections, in order: config and schedules, model, optimizer,
@@ -24,7 +24,7 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #            documents clipped to 896 tokens in the first third .............. max_doc_len_at (2026-02-10_ShortWindow)
 #            batch size 131K -> 262K -> 393K tokens by thirds ................ batch_seqs_at (2025-11-29)
 #            stages end at round(S/3), round(2S/3); lr, batch, windows and MTP  stage_at, lr_factor
-#              by stage; cooldown from step int(0.45 S) ..................... (2026-01-30_VeFused: TrainingSchedule)
+#              by stage; cooldown from step int(0.4 S) ...................... (2026-01-30_VeFused: TrainingSchedule)
 #   model    11 layers, layer 0's MLP kept, its attention and layer 6's dropped . Hyperparameters.no_attn_layers
 #                                                                               (2025-09-05, 2025-09-21_DropAttn)
 #            token-exact windows, long on layers 3 and 10, grown in stages ... first_visible, windows_at
@@ -41,7 +41,7 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #                                                                               (2025-12-29_VeSkipGates)
 #            paired-head attention on layers 0, 2, 5, 9 ...................... Attention, paired_positions
 #                                                                               (2026-01-07_PairedHeadAttention)
-#            bigram hash embedding added to every layer's input .............. bigram_hash (2026-01-19)
+#            bigram hash embedding added to every layer ...................... bigram_hash (2026-01-19)
 #            one value-embedding table per layer that has one ................ Hyperparameters.value_embeds
 #                                                                               (2026-01-26-UntieValueEmbeddings)
 #            q, k, v and o all start uniform at std 0.5/sqrt(768), o not zero . ATTN_INIT_STD
@@ -51,6 +51,9 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #            value embeddings on layers 1, 2 and 8-10, from 0.01 randn; their  VE_GATE_X, VE_INIT_STD
 #              gates read the first 6 dims of x and of the value embedding ... (2026-02-03_VeTuned)
 #              (paired-head layers' gates read x[:12] alone)
+#            each sublayer x = resid x + post out, x0 and the bigram embedding  Block.forward, RESID_INIT,
+#              added with the attention's output (bigram from 0.05); the      BIGRAM_INIT, GPT.run_blocks
+#              layers after layer 7 attend to its output, not to x ........... (2026-03-06_SimplifyHC)
 #            attention output gates, ReLU^2, QK-norm, RoPE on half the dims .. Attention, MLP, norm_rotary_qk
 #   optim    NorMuon: Polar Express orthogonalization, per-neuron 2nd moment . polar_express, normuon_update
 #                                                                               (2025-09-29_PolarExpress, 2025-10-24)
@@ -58,7 +61,8 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #                                                                               2025-12-18_CautiousWDAdam)
 #            Adam every second step on the sum of two steps' grads ........... is_adam_step (2025-09-30_CustomBatching)
 #            per-group Adam rates, betas and decay ............................ ADAM_GROUPS, MUON_GROUPS
-#            lr 1 -> 1.52 -> 1.73 with the batch stages, cooldown over 55% ... lr_factor
+#            lr 1 -> 1.52 -> 1.73 with the batch stages, cooldown over 60% ... lr_factor
+#              (2026-02-12_ParallelResiduals; 55% before)
 #              to 0.15 (2026-02-10_ShortWindow; 0.1 before) ................. LR_FLOOR
 #            Muon momentum 0.85 -> 0.95 over 300 steps, back over the last 50 . muon_momentum
 #   skipped, the same math: 2026-01-30_VeFused's tables in one parameter, 2026-01-24_ImprovedLMHead (of
@@ -67,6 +71,11 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #            (the bigram table's gradient sent sparsely between GPUs: ours sums touched rows, RowSink)
 #   left out: 2026-02-10_ShortWindow's short windows of 2 blocks in the third stage: the records after it
 #            (2026-02-12 on) keep 5, as here
+#   skipped, superseded: 2026-02-12_ParallelResiduals' two residual lanes and 2026-02-16_FlattenForward's
+#            one-lane layers without post-attention weights (its other changes are kernels and code layout):
+#            2026-03-06_SimplifyHC replaced both with one lane, every sublayer weighted, and the backout layer's
+#            output as the late attentions' input. Kept from 2026-02-12: the 60% cooldown and the Adam
+#            settings of the per-sublayer weights; the step counts are 2026-03-06's
 #
 # Where ours is laid out differently from the record (the same function):
 #   - FlexAttention with a BlockMask, where the record calls FlashAttention-3's varlen kernel: one mask rule
@@ -174,9 +183,9 @@ class Hyperparameters:
                             "training (only rounding moves), fewer passes for more memory. 0 = auto: "
                             f"{AUTO_MICRO_BATCH} where that divides them, else 1")
     # schedule
-    num_steps: int = H(1555, "optimizer steps (record 2026-02-10: 1515 scheduled + 40 extension)")
+    num_steps: int = H(1490, "optimizer steps (record 2026-03-06: 1450 scheduled + 40 extension)")
     extension_steps: int = H(40, "the last steps, trained at the final lr, window and batch (record)")
-    cooldown_frac: float = H(0.55, "last fraction of the scheduled steps over which lr falls linearly to 0.15x")
+    cooldown_frac: float = H(0.60, "last fraction of the scheduled steps over which lr falls linearly to 0.15x")
     lr_stage_scales: tuple = H((1.0, 1.52, 1.73), "lr multiplier in each part of the schedule, as batch_seqs "
                                                  "grows (record: (16/8)^0.6 and (24/8)^0.5, rounded)")
     windows: tuple = H((3, 7, 11), "long sliding window in 128-token blocks in each part of the schedule; "
@@ -259,8 +268,9 @@ class AdamGroup:
 ADAM_GROUPS = {
     "head": AdamGroup(1.0, 150.0, (0.5, 0.95)),       # lm_head, and the token embedding (tied to it until 2/3)
     "embeds": AdamGroup(75.0, 5.0, (0.75, 0.95)),     # value embeddings and the bigram embedding
-    "scalars": AdamGroup(5.0, 0.0, (0.9, 0.99)),      # residual, attention, bigram, smear, backout, skip lambdas
-    "x0": AdamGroup(5.0, 0.0, (0.65, 0.95)),          # x0 lambdas
+    "scalars": AdamGroup(5.0, 0.0, (0.9, 0.99)),      # attention (value, output), smear, backout, skip lambdas
+    "resid": AdamGroup(5.0, 0.0, (0.9, 0.95)),        # residual lambdas (2026-03-06_SimplifyHC)
+    "inject": AdamGroup(1.0, 0.0, (0.9, 0.95)),       # output, x0 and bigram lambdas (2026-03-06_SimplifyHC)
     "gates": AdamGroup(1.0, 1.0, (0.9, 0.99)),        # attention output and value-embedding gates
     "smear": AdamGroup(0.01, 0.0, (0.9, 0.99)),       # smear gate
     "skip": AdamGroup(0.05, 0.0, (0.9, 0.99)),        # skip gate
@@ -572,6 +582,8 @@ GATE_DIMS = 12       # the attention, value-embedding, smear and skip gates read
 ATTN_INIT_STD = 0.5  # q, k, v and o start uniform with std 0.5 / sqrt(dim), as the MLP's input (record 2026-01-30)
 VE_GATE_X = 6        # the value-embedding gate reads the first 6 dims of x and of the value embedding (2026-02-03)
 VE_INIT_STD = 0.01   # value embeddings start at 0.01 randn, not zero (record 2026-02-03_VeTuned)
+RESID_INIT = 1.1 ** 0.5  # each sublayer's residual weight: 1.1 a layer over two (record 2026-03-06_SimplifyHC)
+BIGRAM_INIT = 0.05   # the bigram embedding's share at each layer (record 2026-03-06_SimplifyHC; 0.1 before)
 ATTN_SCALE = 0.1     # softmax scale after QK-norm before any YaRN stage (record 2025-09-10_Yarn)
 YARN_ALPHA, YARN_BETA = 1, 32  # YaRN slows frequencies turning < 1 time per window, keeps those > 32
 BIGRAM_MULS = (36313, 27191)   # the record's bigram hash: (36313 * token) xor (27191 * previous token)
@@ -916,19 +928,23 @@ class Block(nn.Module):
             key_offset=self.long_window and not self.paired)
         self.mlp = MLP(cfg.model_dim)
 
-    def forward(self, x: Tensor, x0: Tensor, bigram, mix: Tensor, ve, masks: dict, rot: Rotary, sa: Tensor,
-                flex_options=None, skip=None) -> Tensor:
-        """mix: this layer's weights of (residual, x0, bigram embedding) in its input; skip: (gate, an earlier
-        layer's output), added first. Inside the block so that a block-by-block compile fuses them with the rest
-        (eager, such glue was ~30 passes over the residual stream per micro-step)."""
+    def forward(self, x: Tensor, x0: Tensor, bigram, attn_in, mix: Tensor, ve, masks: dict, rot: Rotary,
+                sa: Tensor, flex_options=None, skip=None) -> Tensor:
+        """Each sublayer's update is x = resid x + post out (record 2026-03-06_SimplifyHC); the attention's
+        also adds x0's and the bigram embedding's shares. mix: (attention's resid, post, MLP's resid, post, x0,
+        bigram) weights; bigram None where it does not join. attn_in: what the attention reads if not x (the
+        backout layer's output, for the layers after it); skip: (gate, an earlier layer's output), added first
+        (the layer without attention). Inside the block so that a block-by-block compile fuses them with the
+        rest (eager, such glue was ~30 passes over the residual stream per micro-step)."""
         if skip is not None:
             x = x + skip[0] * skip[1]
-        x = mix[0] * x + mix[1] * x0
-        if bigram is not None:
-            x = x + mix[2] * bigram
         if self.attn is not None:
-            x = x + self.attn(norm(x), ve, masks[self.paired, self.long_window], rot, sa, flex_options)
-        return x + self.mlp(norm(x))
+            y = self.attn(norm(x if attn_in is None else attn_in), ve, masks[self.paired, self.long_window], rot, sa,
+                          flex_options)
+            x = mix[0] * x + mix[1] * y + mix[4] * x0
+            if bigram is not None:
+                x = x + mix[5] * bigram
+        return mix[2] * x + mix[3] * self.mlp(norm(x))
 
 
 # ---- the head
@@ -1049,18 +1065,23 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(L))
         self.smear_gate_w = nn.Parameter(torch.zeros(1, GATE_DIMS, **bf16))
         self.skip_gate_w = nn.Parameter(torch.zeros(1, GATE_DIMS, **bf16))
-        # residual (1.1), attention value and output (0.5, 1), bigram (0.1) weights per layer; smear (0),
-        # backout (0.5) and skip (-1.5: sigmoid 0.18) weights (record)
-        self.scalars = nn.Parameter(torch.cat([torch.full((L,), 1.1), torch.tensor([0.5, 1.0]).repeat(L),
-                                               torch.full((L,), 0.1), torch.tensor([0.0, 0.5, -1.5])]))
-        self.x0_lambdas = nn.Parameter(torch.zeros(L))  # x0's weight in each layer's input
+        # attention value and output weights (0.5, 1) per layer; smear (0), backout (0.5) and skip (-1.5:
+        # sigmoid 0.18) weights (record)
+        self.scalars = nn.Parameter(torch.cat([torch.tensor([0.5, 1.0]).repeat(L), torch.tensor([0.0, 0.5, -1.5])]))
+        # per layer, (attention, MLP): x = resid x + post out; resid from sqrt(1.1) (1.1 a layer, as before),
+        # post from 1 (record 2026-03-06_SimplifyHC)
+        self.resid_lambdas = nn.Parameter(torch.full((L, 2), RESID_INIT))
+        self.post_lambdas = nn.Parameter(torch.ones(L, 2))
+        self.x0_lambdas = nn.Parameter(torch.zeros(L))  # x0's share added with each attention's output
+        self.bigram_lambdas = (nn.Parameter(torch.full((L,), BIGRAM_INIT)) if cfg.bigram_vocab  # its share
+                               else None)
         self.head_loss, self.eval_loss = head_loss, eval_loss
         self.grad_sinks = {}  # table weight -> RowSink, attached by the optimizer (ShardedOptimizer.row_sinks)
 
     def lambdas(self):
-        """The scalars by name: residual (L), attention (L, 2), bigram (L) weights; smear, backout, skip."""
+        """The scalars by name: attention (L, 2) weights; smear, backout, skip."""
         L, s = len(self.blocks), self.scalars
-        return s[:L], s[L:3 * L].view(L, 2), s[3 * L:4 * L], s[4 * L], s[4 * L + 1], s[4 * L + 2]
+        return s[:2 * L].view(L, 2), s[2 * L], s[2 * L + 1], s[2 * L + 2]
 
     def compile_regions(self, whole: bool, backend: str = "inductor"):
         """torch.compile the blocks and the head, either as one graph (whole) or block by block. One graph fuses
@@ -1093,7 +1114,7 @@ class GPT(nn.Module):
     def embed_tokens(self, x: Tensor) -> Tensor:
         """x0 from the token embeddings x (B, T, dim): each plus a gated share of its predecessor's in its
         sequence (smear, record 2025-09-18), rms-normed."""
-        share = self.lambdas()[3] * gate(x[:, 1:], self.smear_gate_w)
+        share = self.lambdas()[1] * gate(x[:, 1:], self.smear_gate_w)
         return norm(torch.cat([x[:, :1], x[:, 1:] + share * x[:, :-1]], dim=1))
 
     def hidden(self, idx: Tensor, windows: Tensor) -> Tensor:
@@ -1113,16 +1134,25 @@ class GPT(nn.Module):
         return self.run_blocks(tokens, bigram, ve, attention_masks(idx, windows, kinds))
 
     def run_blocks(self, tokens: Tensor, bigram, ve: list, masks: dict) -> Tensor:
-        resid, sa, bigram_w, _, backout, skip_w = self.lambdas()
+        """The record's layers (2026-03-06_SimplifyHC): the bigram embedding joins x0 before layer 0 and each
+        later layer's attention output, x0 each attention output; the layers after the backout layer attend
+        to its output, not to x (they keep out what the last MLPs write for the prediction)."""
+        sa, _, backout, skip_w = self.lambdas()
         x = x0 = self.embed_tokens(tokens)
+        # the stream's weights in its dtype, as the record's .bfloat16() (and compiled code rounds as eager does)
+        mixes = torch.cat([self.resid_lambdas[:, :1], self.post_lambdas[:, :1], self.resid_lambdas[:, 1:],
+                           self.post_lambdas[:, 1:], self.x0_lambdas[:, None],
+                           self.x0_lambdas[:, None] if self.bigram_lambdas is None else self.bigram_lambdas[:, None]],
+                          dim=1).type_as(x0)  # (without a bigram table its column is never read)
+        if bigram is not None:
+            x = x + mixes[0, 5] * bigram
         skipped = backout_x = None
         for i, block in enumerate(self.blocks):
             skip = None
             if i == self.skip_to:  # 2 sigmoid(skip_w) sigmoid(gate of x0) times the earlier output
                 skip = (2 * torch.sigmoid(skip_w) * gate(x0, self.skip_gate_w), skipped)
-            mix = torch.stack([resid[i], self.x0_lambdas[i], bigram_w[i]])
-            x = block(x, x0, bigram, mix, ve[self.ve_of_layer[i]] if self.ve_of_layer[i] >= 0 else None, masks,
-                      self.rotary, sa[i], self.kernels.flex_options, skip)
+            x = block(x, x0, bigram if i > 0 else None, backout_x, mixes[i], ve[self.ve_of_layer[i]] if self.ve_of_layer[i] >= 0 else None,
+                      masks, self.rotary, sa[i], self.kernels.flex_options, skip)
             if i == self.skip_from:
                 skipped = x
             if i == self.backout_layer:
@@ -1150,7 +1180,9 @@ def param_groups(model: GPT) -> tuple[dict, dict]:
     adam = {"head": [model.head_w, model.embed.weight],  # this order: the optimizer ties the second to the first
             "embeds": [e.weight for e in model.value_embeds] + ([model.bigram_embed.weight] if model.bigram_embed
                                                                 else []),
-            "scalars": [model.scalars], "x0": [model.x0_lambdas],
+            "scalars": [model.scalars], "resid": [model.resid_lambdas],
+            "inject": [model.post_lambdas, model.x0_lambdas] + ([model.bigram_lambdas] if model.bigram_embed
+                                                                   else []),
             "gates": [w for b in blocks if b.attn is not None for w in (b.attn.gate_w, b.attn.ve_gate_w)
                       if w is not None],
             "smear": [model.smear_gate_w], "skip": [model.skip_gate_w]}
@@ -1927,7 +1959,7 @@ def parameter_counts(cfg: Hyperparameters) -> tuple[int, int]:
     with_ve = [i for i in attn if cfg.value_embeds[i] >= 0]
     bf16 = ((2 + max(cfg.value_embeds) + 1) * V + cfg.bigram_vocab) * d + \
         (len(attn) + len(with_ve)) * heads * GATE_DIMS + 2 * GATE_DIMS
-    fp32 = L * 8 * d * d + len(attn) * 4 * d * d + 5 * L + 3
+    fp32 = L * 8 * d * d + len(attn) * 4 * d * d + (8 if cfg.bigram_vocab else 7) * L + 3
     return bf16, fp32
 
 

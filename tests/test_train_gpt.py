@@ -176,20 +176,21 @@ def test_each_layer_gets_its_window_and_pairing(monkeypatch):
 
 
 def test_skip_backout_bigram_and_value_embeddings_follow_the_record():
-    """Stub blocks that add i+1 to the residual and record their inputs: with all mixing weights 1 but x0's 0,
-    each layer's input is a known offset from x0 plus the bigram embedding; tables filled with t+1 show which
-    value embedding reached which layer; the output is the last layer's minus backout x layer 7's."""
+    """Stub blocks that add i+1 to the residual and record what they are handed: x0 weight 2 and bigram weight
+    3 (the bigram table filled with 0.25), layer 0's input is x0 + 0.75 and each layer's injection 2 x0, plus
+    0.75 from layer 1 on (2026-03-06_SimplifyHC); layer 6 gets layer 3's output through the skip; the layers
+    after 7 attend to layer 7's output; tables filled with t+1 show which value embedding reached which layer;
+    the output is the last layer's minus backout x layer 7's."""
     cfg = record_layout_at_tiny_width()
     model = tg.GPT(cfg).float()  # an fp32 residual stream, so the offsets below are exact
     for t, e in enumerate(model.value_embeds):
         e.weight.data.fill_(t + 1)
     model.bigram_embed.weight.data.fill_(0.25)
-    resid, _, bigram_w, _, _, _ = model.lambdas()
     with torch.no_grad():
-        resid.fill_(1.0)
-        bigram_w.fill_(1.0)
-        model.scalars[4 * L + 1] = 0.5   # backout
-        model.scalars[4 * L + 2] = 0.0   # skip weight: 2 sigmoid(0) = 1, times the zero-init gate's 0.5
+        model.x0_lambdas.fill_(2.0)
+        model.bigram_lambdas.fill_(3.0)
+        model.scalars[2 * L + 1] = 0.5   # backout
+        model.scalars[2 * L + 2] = 0.0   # skip weight: 2 sigmoid(0) = 1, times the zero-init gate's 0.5
     calls = {}
 
     class Stub(nn.Module):
@@ -197,25 +198,31 @@ def test_skip_backout_bigram_and_value_embeddings_follow_the_record():
             super().__init__()
             self.i, self.long_window, self.paired, self.attn = i, block.long_window, block.paired, block.attn
 
-        def forward(self, x, x0, bigram, mix, ve, masks, rot, sa, flex_options=None, skip=None):
+        def forward(self, x, x0, bigram, attn_in, mix, ve, masks, rot, sa, flex_options=None, skip=None):
             if skip is not None:
                 x = x + skip[0] * skip[1]
-            x = mix[0] * x + mix[1] * x0 + mix[2] * bigram
-            calls[self.i] = (x.clone(), x0, None if ve is None else ve.float().mean().item())
+            inject = mix[4] * x0 + (0 if bigram is None else mix[5] * bigram)
+            calls[self.i] = (x.clone(), attn_in, inject, None if ve is None else ve.float().mean().item())
             return x + (self.i + 1)
 
     model.blocks = nn.ModuleList(Stub(i, b) for i, b in enumerate(model.blocks))
     idx = torch.randint(0, 50257, (256,), dtype=torch.int32)
     out = model.hidden(idx, torch.tensor([128, 256]))
-    x0 = calls[0][1]
-    a, c, outputs = 1.0, 0.0, {}  # a layer's input is a * x0 + c
+    x0 = (calls[0][0] - 0.75)  # layer 0's input less the bigram embedding's share
+    assert (x0.pow(2).mean(-1) - 1).abs().max() < 0.02  # rms-normed (in bf16): it is x0
+    a, c, outputs = 1.0, 0.75, {}  # a layer's input is a * x0 + c
     for i in range(L):
         if i == RECORD_SKIP[1]:
             aj, cj = outputs[RECORD_SKIP[0]]
             a, c = a + 0.5 * aj, c + 0.5 * cj
-        c += 0.25  # the bigram embedding, weight 1
         torch.testing.assert_close(calls[i][0], a * x0 + c, msg=f"layer {i}")
-        assert calls[i][2] == (RECORD_VE[i] + 1 if i in RECORD_VE else None), i
+        torch.testing.assert_close(calls[i][2], 2 * x0 + (0.75 if i > 0 else 0.0), msg=f"layer {i}")
+        if i > RECORD_BACKOUT:
+            a7, c7 = outputs[RECORD_BACKOUT]
+            torch.testing.assert_close(calls[i][1], a7 * x0 + c7, msg=f"layer {i}")
+        else:
+            assert calls[i][1] is None, i
+        assert calls[i][3] == (RECORD_VE[i] + 1 if i in RECORD_VE else None), i
         c += i + 1
         outputs[i] = (a, c)
     a7, c7 = outputs[RECORD_BACKOUT]
@@ -266,7 +273,7 @@ def ref_attention(P, i, h, ve, tokens, window, heads, f, scale):
     T, dim = h.shape
     D, paired = dim // heads, i in RECORD_PAIRED
     W = P[f"blocks.{i}.attn.qkvo_w"]
-    sa = P["scalars"][L + 2 * i:L + 2 * i + 2]
+    sa = P["scalars"][2 * i:2 * i + 2]
     q, k, v = ((h @ W[j].T).view(T, heads, D) for j in range(3))
     pos = torch.arange(T)[:, None] * (2 if paired else 1) + (torch.arange(heads) % 2 if paired else 0)
     q, k = ref_rope(ref_rms(q), f, pos) * scale, ref_rope(ref_rms(k), f, pos)
@@ -287,29 +294,35 @@ def ref_attention(P, i, h, ve, tokens, window, heads, f, scale):
 
 
 def ref_hidden(P: dict, tokens: np.ndarray, short: int, long: int, stages: list, heads: int) -> torch.Tensor:
-    """The record's 11 layers: x = embedding, each token plus smear x sigmoid(gate) x its predecessor's; x0 =
-    rmsnorm(x); each layer's input resid_i x + x0w_i x0 + bigram_i B (B the bigram hash embedding), layer 6's
-    first plus 2 sigmoid(skip) sigmoid(gate of x0) x layer 3's output; attention and a ReLU^2 MLP of pre-normed
-    inputs added; the output is the last layer's less backout x layer 7's."""
+    """The record's 11 layers (2026-03-06_SimplifyHC's GPT.forward): x = embedding, each token plus smear x
+    sigmoid(gate) x its predecessor's; x0 = rmsnorm(x); x = x0 + bigram_0 B (B the bigram hash embedding);
+    at each layer with attention x = ra_i x + pa_i attn(rmsnorm(input)) + x0w_i x0 (+ bigram_i B from layer 1
+    on), where the input is x, or layer 7's output for the layers after it; layer 6 (no attention) instead
+    adds 2 sigmoid(skip) sigmoid(gate of x0) x layer 3's output; then x = rm_i x + pm_i mlp(rmsnorm(x)), a
+    ReLU^2 MLP; the output is the last layer's less backout x layer 7's."""
     ids = torch.from_numpy(tokens).long()
     s = P["scalars"]
-    resid, bigram_w, (smear, backout, skip) = s[:L], s[3 * L:4 * L], s[4 * L:4 * L + 3]
+    smear, backout, skip = s[2 * L:2 * L + 3]
+    resid, post, x0w, bigram_w = P["resid_lambdas"], P["post_lambdas"], P["x0_lambdas"], P["bigram_lambdas"]
     x = P["embed.weight"][ids]
     x = torch.cat([x[:1], x[1:] + smear * torch.sigmoid(x[1:, :12] @ P["smear_gate_w"].T) * x[:-1]])
     x = x0 = ref_rms(x)
     bigram = P["bigram_embed.weight"][ref_bigram(tokens, P["bigram_embed.weight"].size(0))]
+    x = x + bigram_w[0] * bigram
     f, scale = ref_yarn(x.size(-1) // heads, stages)
     outputs = {}
     for i in range(L):
         if i == RECORD_SKIP[1]:
             gate = 2 * torch.sigmoid(skip) * torch.sigmoid(x0[:, :12] @ P["skip_gate_w"].T)
             x = x + gate * outputs[RECORD_SKIP[0]]
-        x = resid[i] * x + P["x0_lambdas"][i] * x0 + bigram_w[i] * bigram
         if i not in RECORD_NO_ATTN:
             ve = P[f"value_embeds.{RECORD_VE[i]}.weight"][ids] if i in RECORD_VE else None
             window = long if i in RECORD_LONG else short
-            x = x + ref_attention(P, i, ref_rms(x), ve, tokens, window, heads, f, scale)
-        x = x + torch.relu(ref_rms(x) @ P[f"blocks.{i}.mlp.fc_w"].T).square() @ P[f"blocks.{i}.mlp.proj_w"]
+            h = ref_rms(outputs[RECORD_BACKOUT] if i > RECORD_BACKOUT else x)
+            y = ref_attention(P, i, h, ve, tokens, window, heads, f, scale)
+            x = resid[i, 0] * x + post[i, 0] * y + x0w[i] * x0 + (bigram_w[i] * bigram if i > 0 else 0)
+        y = torch.relu(ref_rms(x) @ P[f"blocks.{i}.mlp.fc_w"].T).square() @ P[f"blocks.{i}.mlp.proj_w"]
+        x = resid[i, 1] * x + post[i, 1] * y
         outputs[i] = x
     return x - backout * outputs[RECORD_BACKOUT]
 
@@ -322,7 +335,7 @@ def randomized_record_model(seed: int) -> "tg.GPT":
     with torch.no_grad():
         for name, p in model.named_parameters():
             scale = 1.0 if "embed" in name or "head" in name else 1.5 * p.size(-1) ** -0.5
-            if name in ("scalars", "x0_lambdas"):
+            if name in ("scalars", "x0_lambdas", "resid_lambdas", "post_lambdas", "bigram_lambdas"):
                 p.copy_(torch.rand(p.shape, generator=gen) * 0.6 + 0.4)
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * scale)
@@ -633,10 +646,12 @@ def tiny_optimizer(**over):
 
 
 def test_sharded_adam_equals_torch_adam_with_cautious_decay():
-    """The bucketed, sharded Adam step on the fp32 groups (scalars, x0 lambdas) equals torch.optim.Adam at the
+    """The bucketed, sharded Adam step on the fp32 groups (scalars, residual and injection lambdas) equals
+    torch.optim.Adam at the
     group's lr times the schedule factor, followed by the decay lr^2 * wd where update and weight agree."""
     cfg, model, opt = tiny_optimizer(adam_wd=0.5)
-    groups = {"scalars": [model.scalars], "x0": [model.x0_lambdas]}
+    groups = {"scalars": [model.scalars], "resid": [model.resid_lambdas],
+              "inject": [model.post_lambdas, model.x0_lambdas, model.bigram_lambdas]}
     refs = {g: [p.detach().clone().requires_grad_() for p in ps] for g, ps in groups.items()}
     ref_opts = {g: torch.optim.Adam(refs[g], lr=1.0, betas=tg.ADAM_GROUPS[g].betas, eps=1e-10) for g in groups}
     gen = torch.Generator().manual_seed(1)
@@ -646,12 +661,13 @@ def test_sharded_adam_equals_torch_adam_with_cautious_decay():
             for p, rp in zip(ps, refs[g]):
                 p.grad = torch.randn(p.shape, generator=gen)
                 rp.grad = p.grad.clone()
-                before = rp.detach().clone()
-                ref_opts[g].param_groups[0]["lr"] = lr
-                ref_opts[g].step()
-                with torch.no_grad():  # cautious decay: where the update (before - after) and the weight agree
-                    agree = (before - rp) * before > 0
-                    rp -= agree * before * lr * lr * cfg.adam_wd * tg.ADAM_GROUPS[g].wd_mul
+            before = [rp.detach().clone() for rp in refs[g]]
+            ref_opts[g].param_groups[0]["lr"] = lr
+            ref_opts[g].step()  # once for the group's params together
+            with torch.no_grad():  # cautious decay: where the update (before - after) and the weight agree
+                for b, rp in zip(before, refs[g]):
+                    agree = (b - rp) * b > 0
+                    rp -= agree * b * lr * lr * cfg.adam_wd * tg.ADAM_GROUPS[g].wd_mul
         for p in opt.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -799,14 +815,14 @@ class RecordSchedule:
         return w + [0.0] * (3 - len(w))
 
 
-@pytest.mark.parametrize("num_steps,extension", [(1555, 40), (1600, 40), (118, 3), (1001, 40), (100, 7)])
+@pytest.mark.parametrize("num_steps,extension", [(1490, 40), (1555, 40), (118, 3), (1001, 40), (100, 7)])
 def test_schedules_follow_the_record(num_steps, extension):
-    """Every step, at the default's count (1515 scheduled steps: round(S/3) = 505, round(2S/3) = 1010) and
+    """Every step, at the default's count (1450 scheduled steps: round(S/3) = 483, round(2S/3) = 967) and
     others that do not divide by 3, against the record's TrainingSchedule (RecordSchedule) and its window,
     document length (2026-02-10_ShortWindow: 896 tokens in the first stage), momentum and Adam rules."""
     cfg = tg.parse_args(["--num_steps", str(num_steps), "--extension_steps", str(extension)])
     S = num_steps - extension
-    ref = RecordSchedule(S, num_steps, floor=0.15, cooldown=0.55)  # the record's (2026-02-10_ShortWindow)
+    ref = RecordSchedule(S, num_steps, floor=0.15, cooldown=0.60)  # the record's (2026-03-06_SimplifyHC)
     for s in range(num_steps + 1):
         stage, _ = ref.lookup(s)
         assert tg.batch_seqs_at(s, cfg) == (8, 16, 24, 24)[stage], s
@@ -840,10 +856,9 @@ def test_a_saved_config_reads_back_as_the_same_hyperparameters():
 
 
 def test_defaults_are_the_records():
-    """The constants of the default's record (2026-02-10_ShortWindow, as merged), as its log's script sets
-    them."""
+    """The constants of the default's record (2026-03-06_SimplifyHC), as its log's script sets them."""
     cfg = tg.Hyperparameters()
-    record = dict(num_steps=1555, extension_steps=40, cooldown_frac=0.55, lr_stage_scales=(1.0, 1.52, 1.73),
+    record = dict(num_steps=1490, extension_steps=40, cooldown_frac=0.60, lr_stage_scales=(1.0, 1.52, 1.73),
                   batch_seqs=(8, 16, 24), seq_len=16384, max_doc_len=(896, 2048, 2048), windows=(3, 7, 11), final_window=13,
                   val_window=20, split_embed_frac=2 / 3, mtp=True, val_seq_len=262_144, val_tokens=10_485_760,
                   val_every=250, target_val_loss=3.28, vocab_size=50304, num_layers=11, model_dim=768, num_heads=6,
@@ -859,17 +874,19 @@ def test_defaults_are_the_records():
     assert tg.POLAR_EXPRESS_COEFFS[0] == (8.156554524902461, -22.48329292557795, 15.878769915207462)
     assert len(tg.POLAR_EXPRESS_COEFFS) == 5
     lr_mul = {g: a.lr_mul for g, a in tg.ADAM_GROUPS.items()}
-    assert lr_mul == {"head": 1.0, "embeds": 75.0, "scalars": 5.0, "x0": 5.0, "gates": 1.0, "smear": 0.01,
-                      "skip": 0.05}
+    assert lr_mul == {"head": 1.0, "embeds": 75.0, "scalars": 5.0, "resid": 5.0, "inject": 1.0, "gates": 1.0,
+                      "smear": 0.01, "skip": 0.05}
     assert {g: a.wd_mul for g, a in tg.ADAM_GROUPS.items()} == {"head": 150.0, "embeds": 5.0, "scalars": 0.0,
-                                                                 "x0": 0.0, "gates": 1.0, "smear": 0.0, "skip": 0.0}
+                                                                 "resid": 0.0, "inject": 0.0, "gates": 1.0,
+                                                                 "smear": 0.0, "skip": 0.0}
     assert {g: a.betas for g, a in tg.ADAM_GROUPS.items()} == {
-        "head": (0.5, 0.95), "embeds": (0.75, 0.95), "scalars": (0.9, 0.99), "x0": (0.65, 0.95),
-        "gates": (0.9, 0.99), "smear": (0.9, 0.99), "skip": (0.9, 0.99)}
+        "head": (0.5, 0.95), "embeds": (0.75, 0.95), "scalars": (0.9, 0.99), "resid": (0.9, 0.95),
+        "inject": (0.9, 0.95), "gates": (0.9, 0.99), "smear": (0.9, 0.99), "skip": (0.9, 0.99)}
     assert tg.MUON_GROUPS == {"attn": 1.0, "mlp_in": 1.0, "mlp_out": 2.0}
-    assert tg.split_step(cfg) == 1011  # round(2/3 x 1515) | 1
+    assert tg.split_step(cfg) == 967  # round(2/3 x 1450) | 1
     assert tg.LR_FLOOR == 0.15
     assert (tg.ATTN_INIT_STD, tg.VE_GATE_X, tg.VE_INIT_STD) == (0.5, 6, 0.01)
+    assert (tg.RESID_INIT, tg.BIGRAM_INIT) == (1.1 ** 0.5, 0.05)
 
 
 def test_full_size_model_has_the_record_parameters():
@@ -880,7 +897,8 @@ def test_full_size_model_has_the_record_parameters():
     assert shapes["embed.weight"] == ((V, 768), bf16) and shapes["head_w"] == ((V, 768), bf16)
     assert [shapes[f"value_embeds.{i}.weight"] for i in range(5)] == [((V, 768), bf16)] * 5
     assert shapes["bigram_embed.weight"] == ((5 * V, 768), bf16)
-    assert shapes["scalars"] == ((4 * L + 3,), f32) and shapes["x0_lambdas"] == ((L,), f32)
+    assert shapes["scalars"] == ((2 * L + 3,), f32) and shapes["x0_lambdas"] == shapes["bigram_lambdas"] == ((L,), f32)
+    assert shapes["resid_lambdas"] == shapes["post_lambdas"] == ((L, 2), f32)
     assert shapes["smear_gate_w"] == shapes["skip_gate_w"] == ((1, 12), bf16)
     for i in range(L):
         assert shapes[f"blocks.{i}.mlp.fc_w"] == shapes[f"blocks.{i}.mlp.proj_w"] == ((3072, 768), f32)
@@ -891,16 +909,18 @@ def test_full_size_model_has_the_record_parameters():
         assert shapes[f"blocks.{i}.attn.gate_w"] == ((6, 12), bf16)
         assert (f"blocks.{i}.attn.ve_gate_w" in shapes) == (i in RECORD_VE)
     counted = sum(p.numel() for p in model.parameters())
-    assert counted == (7 + 5) * V * 768 + 10 * 4 * 768**2 + 11 * 2 * 3072 * 768 + 15 * 6 * 12 + 2 * 12 + 4 * L + 3 + L
+    assert counted == (7 + 5) * V * 768 + 10 * 4 * 768**2 + 11 * 2 * 3072 * 768 + 15 * 6 * 12 + 2 * 12 + 8 * L + 3
     muon, adam = tg.param_groups(model)
     assert [tg.muon_shape_factor(p.shape) for p in muon["mlp_in"] + muon["mlp_out"]] == [2.0] * 22
     assert all(tg.muon_shape_factor(p.shape) == 1.0 for p in muon["attn"])
     # initial values the record starts from
     model = tg.GPT(tg.parse_args(["--model_dim", "64", "--num_heads", "2", "--head_dim", "32", "--seq_len", "128",
                                   "--val_seq_len", "128", "--val_tokens", "128", "--bigram_vocab", "1000"]))
-    resid, sa, bigram_w, smear, backout, skip = model.lambdas()
-    assert resid.eq(1.1).all() and sa.tolist() == [[0.5, 1.0]] * L and bigram_w.eq(0.1).all()
-    assert (smear.item(), backout.item(), skip.item()) == (0.0, 0.5, -1.5) and model.x0_lambdas.eq(0).all()
+    sa, smear, backout, skip = model.lambdas()
+    assert sa.tolist() == [[0.5, 1.0]] * L and (smear.item(), backout.item(), skip.item()) == (0.0, 0.5, -1.5)
+    # 2026-03-06_SimplifyHC: residual weights sqrt(1.1) per sublayer, output weights 1, x0's 0, the bigram's 0.05
+    assert model.resid_lambdas.sub(1.1 ** 0.5).abs().max() < 1e-7 and model.post_lambdas.eq(1).all()
+    assert model.x0_lambdas.eq(0).all() and model.bigram_lambdas.sub(0.05).abs().max() < 1e-8
     assert 0.004 < model.head_w.float().std() < 0.006 and torch.equal(model.embed.weight, model.head_w)
     for zero in [model.bigram_embed.weight, model.smear_gate_w, model.skip_gate_w, model.blocks[0].attn.gate_w,
                  model.blocks[0].mlp.proj_w]:
