@@ -370,13 +370,19 @@ def parse_args(argv=None) -> Hyperparameters:
     return Hyperparameters(**args)
 
 
+def per_part_lists(saved: dict) -> dict:
+    """A config saved as JSON with an older version's one number where this version takes one value per part
+    of the schedule (--max_doc_len before the 2026-02-10_ShortWindow port) as a list of that one value."""
+    per_part = {f.name for f in dataclasses.fields(Hyperparameters) if isinstance(f.default, tuple)}
+    return {k: [v] if k in per_part and isinstance(v, int) else v for k, v in saved.items()}
+
+
 def hyperparameters_from(saved: dict) -> Hyperparameters:
     """The Hyperparameters of a config saved as JSON (a checkpoint's, a log's config line): lists back to
     tuples, keys this version does not know left out."""
     known = {f.name for f in dataclasses.fields(Hyperparameters)}
-    per_part = {f.name for f in dataclasses.fields(Hyperparameters) if isinstance(f.default, tuple)}
-    return Hyperparameters(**{k: tuple(v) if isinstance(v, list) else (v,) if k in per_part and
-                              isinstance(v, int) else v for k, v in saved.items() if k in known})
+    return Hyperparameters(**{k: tuple(v) if isinstance(v, list) else v for k, v in per_part_lists(saved).items()
+                              if k in known})
 
 
 def check_config(cfg: Hyperparameters):
@@ -1140,10 +1146,9 @@ class GPT(nn.Module):
         sa, _, backout, skip_w = self.lambdas()
         x = x0 = self.embed_tokens(tokens)
         # the stream's weights in its dtype, as the record's .bfloat16() (and compiled code rounds as eager does)
-        mixes = torch.cat([self.resid_lambdas[:, :1], self.post_lambdas[:, :1], self.resid_lambdas[:, 1:],
-                           self.post_lambdas[:, 1:], self.x0_lambdas[:, None],
-                           self.x0_lambdas[:, None] if self.bigram_lambdas is None else self.bigram_lambdas[:, None]],
-                          dim=1).type_as(x0)  # (without a bigram table its column is never read)
+        bigram_w = self.x0_lambdas.new_zeros(len(self.blocks)) if self.bigram_lambdas is None else self.bigram_lambdas
+        mixes = torch.stack([self.resid_lambdas[:, 0], self.post_lambdas[:, 0], self.resid_lambdas[:, 1],
+                             self.post_lambdas[:, 1], self.x0_lambdas, bigram_w], dim=1).type_as(x0)
         if bigram is not None:
             x = x + mixes[0, 5] * bigram
         skipped = backout_x = None
@@ -1151,8 +1156,9 @@ class GPT(nn.Module):
             skip = None
             if i == self.skip_to:  # 2 sigmoid(skip_w) sigmoid(gate of x0) times the earlier output
                 skip = (2 * torch.sigmoid(skip_w) * gate(x0, self.skip_gate_w), skipped)
-            x = block(x, x0, bigram if i > 0 else None, backout_x, mixes[i], ve[self.ve_of_layer[i]] if self.ve_of_layer[i] >= 0 else None,
-                      masks, self.rotary, sa[i], self.kernels.flex_options, skip)
+            ve_i = ve[self.ve_of_layer[i]] if self.ve_of_layer[i] >= 0 else None
+            x = block(x, x0, bigram if i > 0 else None, backout_x, mixes[i], ve_i, masks, self.rotary, sa[i],
+                      self.kernels.flex_options, skip)
             if i == self.skip_from:
                 skipped = x
             if i == self.backout_layer:
@@ -1713,9 +1719,9 @@ def data_changes(flag: str, pattern: str, then: list, now: list) -> str:
 
 class TrainLoader:
     """Micro-batches of seq_len + 1 tokens built from whole documents in order, each clipped to the step's
-    max_doc_len tokens (the record's BOS-aligned batches): the last document of a micro-batch is cut to fill it exactly and
-    the next micro-batch starts at the following document. One that would run past a shard's end starts over
-    at the next shard's first document (shards cycle). Micro-batch i of a step goes to rank i % world, so a
+    max_doc_len tokens (the record's BOS-aligned batches): the last document of a micro-batch is cut to fill it
+    exactly and the next micro-batch starts at the following document. One that would run past a shard's end
+    starts over at the next shard's first document (shards cycle). Micro-batch i of a step goes to rank i % world, so a
     step sees the same tokens at any world size."""
 
     def __init__(self, pattern: str, seq_len: int, max_doc_len: int, rank: int, world: int):
@@ -1724,9 +1730,9 @@ class TrainLoader:
             if not np.any(load_shard(f) == BOS_ID):
                 raise ShardFormatError(f"{f} holds no document start (<|endoftext|>, {BOS_ID}): every document must "
                                        f"begin with one. {DATA_HINT}")
-        self.seq_len, self.max_doc_len, self.rank, self.world = seq_len, max_doc_len, rank, world
+        self.seq_len, self.rank, self.world = seq_len, rank, world
         self.load_state({"shard": 0, "doc": 0})
-        self._next_seq()  # shards that cannot fill one micro-batch fail here, before the log is created
+        self._next_seq(max_doc_len)  # shards that cannot fill one micro-batch fail here, before the log is created
         self.load_state({"shard": 0, "doc": 0})
 
     def load_state(self, state: dict):
@@ -1740,20 +1746,20 @@ class TrainLoader:
     def state(self) -> dict:
         return {"shard": self.shard, "doc": self.doc}
 
-    def _pieces(self) -> tuple[list, int]:
+    def _pieces(self, max_doc_len: int) -> tuple[list, int]:
         """The documents of the micro-batch starting at self.doc, clipped and cut; and the next document."""
         pieces, have, d, need = [], 0, self.doc, self.seq_len + 1
         while have < need and d < len(self.starts):
             start = self.starts[d]
             end = min(self.starts[d + 1] if d + 1 < len(self.starts) else len(self.tokens),
-                      start + self.max_doc_len, start + need - have)
+                      start + max_doc_len, start + need - have)
             pieces.append(self.tokens[start:end])
             have, d = have + end - start, d + 1
         return (pieces if have == need else None), d
 
-    def _next_seq(self) -> np.ndarray:
+    def _next_seq(self, max_doc_len: int) -> np.ndarray:
         for _ in range(len(self.files) + 1):
-            pieces, after = self._pieces()
+            pieces, after = self._pieces(max_doc_len)
             if pieces is not None:
                 self.doc = after
                 return np.concatenate(pieces)
@@ -1765,9 +1771,9 @@ class TrainLoader:
                                f"documents (from its first <|endoftext|> on): lower --seq_len or use larger shards")
 
     def next_batch(self, num_seqs: int, max_doc_len: int) -> list:
-        self.max_doc_len, seqs = max_doc_len, []
+        seqs = []
         for i in range(num_seqs):
-            seq = self._next_seq()
+            seq = self._next_seq(max_doc_len)
             if i % self.world == self.rank:
                 seqs.append(torch.from_numpy(seq.astype(np.int32)))
         return seqs
@@ -2296,9 +2302,7 @@ def source_sha256() -> str:
 def config_diff(saved: dict, now: dict) -> dict:
     """Settings that differ between a checkpoint's config and this run's: {name: (saved, now)}."""
     saved, now = (json.loads(json.dumps(c)) for c in (saved, now))  # tuples and lists compare alike
-    for k, v in now.items():  # one number where this version takes one per stage (an older --max_doc_len)
-        if isinstance(v, list) and isinstance(saved.get(k), int):
-            saved[k] = [saved[k]]
+    saved = per_part_lists(saved)
     return {k: (saved.get(k), now.get(k)) for k in sorted(saved.keys() | now.keys()) if saved.get(k) != now.get(k)}
 
 

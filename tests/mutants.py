@@ -159,10 +159,7 @@ MUTANTS = {
     # data
     "loader not aligned to BOS": ("train_gpt.py", [("            start = self.starts[d]\n", "            start = self.starts[d] + 1\n")],
         ["tests/test_training.py::test_loader_packs_clipped_documents_and_splits_by_rank"]),
-    "documents not clipped": ("train_gpt.py", [("start + self.max_doc_len,", "start + 10**9,")],
-        ["tests/test_training.py::test_loader_packs_clipped_documents_and_splits_by_rank"]),
-    "document clip fixed at the loader's first": ("train_gpt.py", [
-        ("        self.max_doc_len, seqs = max_doc_len, []", "        seqs = []")],
+    "documents not clipped": ("train_gpt.py", [("start + max_doc_len,", "start + 10**9,")],
         ["tests/test_training.py::test_loader_packs_clipped_documents_and_splits_by_rank"]),
     "document clip 2048 from the start": ("train_gpt.py", [
         ("    return cfg.max_doc_len[part(step, len(cfg.max_doc_len), cfg)]", "    return max(cfg.max_doc_len)")],

@@ -853,6 +853,10 @@ def test_a_saved_config_reads_back_as_the_same_hyperparameters():
     saved = json.loads(json.dumps(dataclasses.asdict(tg.Hyperparameters(num_steps=100, no_attn_layers=(2, 5)))))
     assert tg.hyperparameters_from({**saved, "from_another_version": 1}) == tg.Hyperparameters(
         num_steps=100, no_attn_layers=(2, 5))
+    # an older version's one --max_doc_len (before 2026-02-10_ShortWindow's per-stage values) reads as one value
+    assert tg.hyperparameters_from({**saved, "max_doc_len": 2048}).max_doc_len == (2048,)
+    assert tg.config_diff({"max_doc_len": 2048}, {"max_doc_len": (2048,)}) == {}
+    assert tg.config_diff({"max_doc_len": 2048}, {"max_doc_len": (896, 2048)}) == {"max_doc_len": ([2048], [896, 2048])}
 
 
 def test_defaults_are_the_records():
