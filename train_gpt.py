@@ -7,8 +7,8 @@ train_gpt.py: train a GPT-2-small-class model on FineWeb .bin shards to val loss
     python train_gpt.py --preset smoke                         # a tiny model on CPU, on the shipped books
     python train_gpt.py --generate CKPT --prompt "Once"        # sample from a checkpoint (--generate --help)
 
-The recipe is the NanoGPT speedrun's record of 2026-03-06 (SimplifyHC: 1490 steps, batches growing from 131,072 to
-393,216 tokens); the map below names where each of its tricks lives.
+The recipe is the NanoGPT speedrun's record of 2026-04-08 (PairedHeadMuon: 1480 steps, batches growing from 131,072
+to 393,216 tokens); the map below names where each of its tricks lives.
 Each run writes logs/<run_id>.txt, which starts with this file's source and the environment, so a log is enough
 to re-run and diff it; a resumed run appends to it. Sections, in order: config and schedules, model, optimizer,
 data, training, checkpoints, sampling, main, and last the hand-written GPU kernels ("GPU fast paths"), each with
@@ -57,6 +57,9 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #            attention output gates, ReLU^2, QK-norm, RoPE on half the dims .. Attention, MLP, norm_rotary_qk
 #   optim    NorMuon: Polar Express orthogonalization, per-neuron 2nd moment . polar_express, normuon_update
 #                                                                               (2025-09-29_PolarExpress, 2025-10-24)
+#              its decay 0.9 (2026-03-22_VarlenMaxDocs; 0.95 before) ......... Hyperparameters.muon_beta2
+#            q's and k's weights orthogonalized per head pair, v's and o's whole  Attention.qk_w, qk_group_heads
+#                                                                               (2026-04-08_PairedHeadMuon)
 #            cautious weight decay on Muon and Adam ........................... cautious_step (2025-11-10_CautiousWD,
 #                                                                               2025-12-18_CautiousWDAdam)
 #            Adam every second step on the sum of two steps' grads ........... is_adam_step (2025-09-30_CustomBatching)
@@ -68,7 +71,10 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #   skipped, the same math: 2026-01-30_VeFused's tables in one parameter, 2026-01-24_ImprovedLMHead (of
 #            2026-01-31: CE kernels and FP8 casts fused; its head computes the same function),
 #            2026-01-31-BigramHashH2D, 2026-02-02_KernelTuning (kernels and host work), 2026-02-06_SparseBigramGradient
-#            (the bigram table's gradient sent sparsely between GPUs: ours sums touched rows, RowSink)
+#            (the bigram table's gradient sent sparsely between GPUs: ours sums touched rows, RowSink),
+#            2026-02-23_CrossEntropyKernel, 2026-02-28_TransposeCopyBackward, 2026-04-04_FuseCEFwdAndBwd (the
+#            head's kernels), 2026-03-22_VarlenMaxDocs' document-count buffers (FlashAttention-3's varlen input;
+#            its Muon beta2 is ported)
 #   left out: 2026-02-10_ShortWindow's short windows of 2 blocks in the third stage: the records after it
 #            (2026-02-12 on) keep 5, as here
 #   skipped, superseded: 2026-02-12_ParallelResiduals' two residual lanes and 2026-02-16_FlattenForward's
@@ -183,7 +189,7 @@ class Hyperparameters:
                             "training (only rounding moves), fewer passes for more memory. 0 = auto: "
                             f"{AUTO_MICRO_BATCH} where that divides them, else 1")
     # schedule
-    num_steps: int = H(1490, "optimizer steps (record 2026-03-06: 1450 scheduled + 40 extension)")
+    num_steps: int = H(1480, "optimizer steps (record 2026-04-08_PairedHeadMuon: 1440 scheduled + 40 extension)")
     extension_steps: int = H(40, "the last steps, trained at the final lr, window and batch (record)")
     cooldown_frac: float = H(0.60, "last fraction of the scheduled steps over which lr falls linearly to 0.15x")
     lr_stage_scales: tuple = H((1.0, 1.52, 1.73), "lr multiplier in each part of the schedule, as batch_seqs "
@@ -226,7 +232,7 @@ class Hyperparameters:
     # optimizer (record)
     muon_lr: float = H(0.023, "NorMuon lr for hidden matrices, times MUON_GROUPS' multiplier")
     muon_wd: float = H(1.2, "NorMuon's cautious weight decay, times the lr twice (the record's form)")
-    muon_beta2: float = H(0.95, "NorMuon's second-moment decay")
+    muon_beta2: float = H(0.9, "NorMuon's second-moment decay (record 2026-03-22_VarlenMaxDocs; 0.95 before)")
     adam_lr: float = H(0.008, "Adam's base lr, times ADAM_GROUPS' multiplier per group")
     adam_wd: float = H(0.005, "Adam's base cautious weight decay, times ADAM_GROUPS' multiplier and lr^2")
     adam_eps: float = H(1e-10, "Adam epsilon; tiny so the update does not depend on the loss scale")
@@ -254,7 +260,7 @@ class Hyperparameters:
 
 # NorMuon groups: lr multiplier on top of the shape factor sqrt(max(1, rows/cols)), which is 2 for the MLP's
 # (3072, 768) matrices (record: the MLP's output matrices step twice as far as its input ones)
-MUON_GROUPS = {"attn": 1.0, "mlp_in": 1.0, "mlp_out": 2.0}
+MUON_GROUPS = {"attn_qk": 1.0, "attn_vo": 1.0, "mlp_in": 1.0, "mlp_out": 2.0}
 
 
 @dataclass(frozen=True)
@@ -880,13 +886,22 @@ def gate(x: Tensor, w: Tensor) -> Tensor:
     return torch.sigmoid(mm(x[..., :GATE_DIMS], w.type_as(x).mT))
 
 
+def qk_group_heads(num_heads: int) -> int:
+    """Heads per NorMuon matrix of q's and of k's weights: a pair (record 2026-04-08_PairedHeadMuon), or one
+    where the heads are odd (no layer can pair them then)."""
+    return 2 if num_heads % 2 == 0 else 1
+
+
 class Attention(nn.Module):
     def __init__(self, dim: int, num_heads: int, head_dim: int, has_ve: bool, paired: bool, key_offset: bool):
         super().__init__()
         self.num_heads, self.head_dim, self.paired, self.key_offset = num_heads, head_dim, paired, key_offset
         # all four at the MLP's scale, the output projection too (record 2026-01-30: attention contributes from
-        # the first step)
-        self.qkvo_w = nn.Parameter(torch.stack([init_uniform((dim, dim), ATTN_INIT_STD * dim**-0.5) for _ in range(4)]))
+        # the first step). q's and k's rows by head pair, each pair its own matrix for NorMuon (record
+        # 2026-04-08_PairedHeadMuon); v's and o's whole
+        qkvo = torch.stack([init_uniform((dim, dim), ATTN_INIT_STD * dim**-0.5) for _ in range(4)])
+        self.qk_w = nn.Parameter(qkvo[:2].reshape(2 * dim // (qk_group_heads(num_heads) * head_dim), -1, dim))
+        self.vo_w = nn.Parameter(qkvo[2:])
         # per head, sigmoid(gate_w @ x[:12]) scales the head's output (0.5 at the zero init)
         self.gate_w = nn.Parameter(torch.zeros(num_heads, GATE_DIMS, dtype=torch.bfloat16))
         # per head, 2 sigmoid(ve_gate_w @ [x[:6], ve[:6]]) scales the value embedding ve added to v (1 at the zero
@@ -899,11 +914,11 @@ class Attention(nn.Module):
         B, T = x.shape[:2]
         H, D = self.num_heads, self.head_dim
         # q and k from one matmul, v from another: the QK-norm + rotary op then owns its input's whole grad
-        qk = mm(x, self.qkvo_w[:2].flatten(0, 1).type_as(x).mT).view(B, T, 2 * H, D)
+        qk = mm(x, self.qk_w.flatten(0, 1).type_as(x).mT).view(B, T, 2 * H, D)
         q, k = norm_rotary_qk(qk, rot, self.paired)
         if self.key_offset:
             k = shift_stationary_keys(k)
-        v = sa[0] * mm(x, self.qkvo_w[2].type_as(x).mT).view(B, T, H, D)
+        v = sa[0] * mm(x, self.vo_w[0].type_as(x).mT).view(B, T, H, D)
         if ve is not None:  # paired-head layers' gates read x[:12] alone (the record's paired branch)
             ve_in = x if self.paired else torch.cat([x[..., :VE_GATE_X], ve[..., :GATE_DIMS - VE_GATE_X]], dim=-1)
             v = v + 2 * gate(ve_in, self.ve_gate_w)[..., None] * ve.view_as(v)
@@ -911,7 +926,7 @@ class Attention(nn.Module):
             q, k, v = (t.reshape(B, 2 * T, H // 2, D) for t in (q, k, v))
         y = attention(q, k, v, mask, flex_options).reshape(B, T, H, D)
         y = (y * gate(x, self.gate_w)[..., None]).reshape(B, T, H * D)
-        return sa[1] * mm(y, self.qkvo_w[3].type_as(y).mT)
+        return sa[1] * mm(y, self.vo_w[1].type_as(y).mT)
 
 
 class MLP(nn.Module):
@@ -1181,8 +1196,9 @@ class GPT(nn.Module):
 def param_groups(model: GPT) -> tuple[dict, dict]:
     """NorMuon gets the hidden matrices, Adam the rest, each by its group of MUON_GROUPS / ADAM_GROUPS."""
     blocks = list(model.blocks)
-    muon = {"attn": [b.attn.qkvo_w for b in blocks if b.attn is not None], "mlp_in": [b.mlp.fc_w for b in blocks],
-            "mlp_out": [b.mlp.proj_w for b in blocks]}
+    attns = [b.attn for b in blocks if b.attn is not None]
+    muon = {"attn_qk": [a.qk_w for a in attns], "attn_vo": [a.vo_w for a in attns],
+            "mlp_in": [b.mlp.fc_w for b in blocks], "mlp_out": [b.mlp.proj_w for b in blocks]}
     adam = {"head": [model.head_w, model.embed.weight],  # this order: the optimizer ties the second to the first
             "embeds": [e.weight for e in model.value_embeds] + ([model.bigram_embed.weight] if model.bigram_embed
                                                                 else []),

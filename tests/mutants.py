@@ -64,11 +64,11 @@ MUTANTS = {
         [f"{T}::test_stationary_keys_take_their_predecessors_values", REFERENCE]),
     "attention gate after the output projection": ("train_gpt.py", [
         ("        y = (y * gate(x, self.gate_w)[..., None]).reshape(B, T, H * D)\n"
-         "        return sa[1] * mm(y, self.qkvo_w[3].type_as(y).mT)\n",
-         "        y = sa[1] * mm(y.reshape(B, T, H * D), self.qkvo_w[3].type_as(y).mT)\n"
+         "        return sa[1] * mm(y, self.vo_w[1].type_as(y).mT)\n",
+         "        y = sa[1] * mm(y.reshape(B, T, H * D), self.vo_w[1].type_as(y).mT)\n"
          "        return (y.view(B, T, H, D) * gate(x, self.gate_w)[..., None]).view(B, T, H * D)\n")], [REFERENCE]),
     "v not scaled by its lambda": ("train_gpt.py", [
-        ("        v = sa[0] * mm(x, self.qkvo_w[2]", "        v = 1 * mm(x, self.qkvo_w[2]")], [REFERENCE]),
+        ("        v = sa[0] * mm(x, self.vo_w[0]", "        v = 1 * mm(x, self.vo_w[0]")], [REFERENCE]),
     "value-embedding gate ignored": ("train_gpt.py", [
         ("            v = v + 2 * gate(ve_in, self.ve_gate_w)[..., None] * ve.view_as(v)", "            v = v + ve.view_as(v)")],
         [REFERENCE, f"{T}::test_attention_and_value_gates_scale_each_head"]),
@@ -134,8 +134,14 @@ MUTANTS = {
         ("    if step == split_step(cfg) and trainer.opt.tied:", "    if False:")],
         ["tests/test_training.py::test_the_embedding_unties_at_its_step"]),
     "MLP output matrices at the input's lr": ("train_gpt.py", [
-        ('MUON_GROUPS = {"attn": 1.0, "mlp_in": 1.0, "mlp_out": 2.0}', 'MUON_GROUPS = {"attn": 1.0, "mlp_in": 1.0, "mlp_out": 1.0}')],
-        [f"{T}::test_defaults_are_the_2026_01_19_record"]),
+        ('"mlp_in": 1.0, "mlp_out": 2.0}', '"mlp_in": 1.0, "mlp_out": 1.0}')],
+        [f"{T}::test_defaults_are_the_records"]),
+    "q and k orthogonalized as whole matrices (before 2026-04-08_PairedHeadMuon)": ("train_gpt.py", [
+        ("    return 2 if num_heads % 2 == 0 else 1\n", "    return num_heads\n")],
+        [f"{T}::test_normuon_takes_q_and_k_by_head_pair_v_and_o_whole"]),
+    "q's and k's head-pair matrices averaged per row, not per column": ("train_gpt.py", [
+        ("    return -1 if shape[-2] >= shape[-1] else -2\n", "    return -1\n")],
+        [f"{T}::test_normuon_takes_q_and_k_by_head_pair_v_and_o_whole"]),
     "one GPU's NorMuon batch orthogonalizes only its first matrix": ("train_gpt.py", [
         ("mine = min(k, len(b.params) - self.comm.rank * k)", "mine = min(1, len(b.params) - self.comm.rank * k)")], [GLOO]),
     "bf16 grads' fp32 sum keeps only the last micro-step": ("train_gpt.py", [

@@ -196,8 +196,8 @@ def test_reduce_scatter_starts_during_backward(comm):
     model(seq[:-1], seq[1:], torch.tensor([128, 256]), torch.tensor([1.0, 0.5, 0.25]))[0].backward()
     # when layer 0's first grad arrives (its MLP input matrix: backward reaches an MLP's output matrix first),
     # every MLP output matrix is final, and the skip gate (layer 2's input): on one rank that is 1 NorMuon bucket
-    # of 4; with two, layers 3 and 2's MLP and attention matrices and layers 1 and 0's MLP output, 4 buckets
-    assert seen[0] == (2 if comm.world == 1 else 5)
+    # of 4; with two, layers 3 and 2's MLP matrices, q and k, v and o, and layers 1 and 0's MLP output, 5 buckets
+    assert seen[0] == (2 if comm.world == 1 else 6)
     assert 0 < seen[1] < len(opt.buckets)
     assert opt.launched == len(opt.buckets)
     opt.step(1.0, 0.9)

@@ -65,7 +65,7 @@ def test_resume_appends_to_its_log_and_continues_bitwise(sample_shards, run6, tm
 
 @pytest.mark.parametrize("change,says", [
     (["--num_steps", "8"], "num_steps: 6 in the checkpoint, 8 now"),
-    (["--batch_seqs", "8", "--muon_beta2", "0.9"], "batch_seqs: [2, 4] in the checkpoint, [8] now; muon_beta2: 0.95"),
+    (["--batch_seqs", "8", "--muon_beta2", "0.8"], "batch_seqs: [2, 4] in the checkpoint, [8] now; muon_beta2: 0.9"),
     (["--model_dim", "128", "--head_dim", "64"], "head_dim: 32 in the checkpoint, 64 now; model_dim: 64"),
     (["--train_files", "ELSEWHERE"], "train_files:"),
 ])
