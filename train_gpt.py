@@ -7,8 +7,8 @@ train_gpt.py: train a GPT-2-small-class model on FineWeb .bin shards to val loss
     python train_gpt.py --preset smoke                         # a tiny model on CPU, on the shipped books
     python train_gpt.py --generate CKPT --prompt "Once"        # sample from a checkpoint (--generate --help)
 
-The recipe is the NanoGPT speedrun's record of 2026-04-08 (PairedHeadMuon: 1480 steps, batches growing from 131,072
-to 393,216 tokens); the map below names where each of its tricks lives.
+The recipe is the NanoGPT speedrun's record of 2026-04-22 (MuddFormer: 1415 steps, batches growing from 131,072 to
+393,216 tokens); the map below names where each of its tricks lives.
 Each run writes logs/<run_id>.txt, which starts with this file's source and the environment, so a log is enough
 to re-run and diff it; a resumed run appends to it. Sections, in order: config and schedules, model, optimizer,
 data, training, checkpoints, sampling, main, and last the hand-written GPU kernels ("GPU fast paths"), each with
@@ -30,7 +30,8 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #            token-exact windows, long on layers 3 and 10, grown in stages ... first_visible, windows_at
 #            YaRN: RoPE frequencies and attention scale at each window stage ... yarn (2025-09-10_Yarn)
 #            smear: each token embedding mixes in its predecessor's, gated ..... GPT.embed_tokens (2025-09-18_Smear)
-#            backout: the output less a learned multiple of layer 7's output . GPT.run_blocks (2025-10-04_Backout)
+#            backout: the output less a learned multiple of layer 7's output . GPT.run_blocks (2025-10-04_Backout;
+#                                                                               MUDD's bias from 2026-04-22)
 #            one gated U-Net skip, layer 3's output into layer 6 .............. GPT.run_blocks (2025-11-18)
 #            partial key offset: stationary key dims shifted one token ....... shift_stationary_keys (2025-12-14)
 #            embedding tied to lm_head until 2/3 of training ................. ShardedOptimizer.untie (2025-12-19)
@@ -54,6 +55,10 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #            each sublayer x = resid x + post out, x0 and the bigram embedding  Block.forward, RESID_INIT,
 #              added with the attention's output (bigram from 0.05); the      BIGRAM_INIT, GPT.run_blocks
 #              layers after layer 7 attend to its output, not to x ........... (2026-03-06_SimplifyHC)
+#            MUDD: after layers 9 and 10, per-token weights from a small MLP  MUDD, GPT.run_blocks, Attention.forward
+#              mix x0 and layers 7, 9, 3 and the first value embedding into   (2026-04-22_MuddFormer, its v3;
+#              the stream; layer 9's also give layer 10 an addition to v, its  1405 + 10 steps)
+#              value-embedding gate and its stream weights, per token
 #            attention output gates, ReLU^2, QK-norm, RoPE on half the dims .. Attention, MLP, norm_rotary_qk
 #   optim    NorMuon: Polar Express orthogonalization, per-neuron 2nd moment . polar_express, normuon_update
 #                                                                               (2025-09-29_PolarExpress, 2025-10-24)
@@ -189,8 +194,9 @@ class Hyperparameters:
                             "training (only rounding moves), fewer passes for more memory. 0 = auto: "
                             f"{AUTO_MICRO_BATCH} where that divides them, else 1")
     # schedule
-    num_steps: int = H(1480, "optimizer steps (record 2026-04-08_PairedHeadMuon: 1440 scheduled + 40 extension)")
-    extension_steps: int = H(40, "the last steps, trained at the final lr, window and batch (record)")
+    num_steps: int = H(1415, "optimizer steps (record 2026-04-22_MuddFormer: 1405 scheduled + 10 extension)")
+    extension_steps: int = H(10, "the last steps, trained at the final lr, window and batch (record 2026-04-22; "
+                                 "40 before)")
     cooldown_frac: float = H(0.60, "last fraction of the scheduled steps over which lr falls linearly to 0.15x")
     lr_stage_scales: tuple = H((1.0, 1.52, 1.73), "lr multiplier in each part of the schedule, as batch_seqs "
                                                  "grows (record: (16/8)^0.6 and (24/8)^0.5, rounded)")
@@ -223,7 +229,10 @@ class Hyperparameters:
                                                                     "1, 2, 8-10); a list that starts with -1 "
                                                                     "needs the = form: --value_embeds=-1,0")
     skip: tuple = H((3, 6), "U-Net skip FROM,TO: layer FROM's output, gated, joins layer TO's input (record)")
-    backout_layer: int = H(7, "the output subtracts a learned multiple of this layer's output (record)")
+    backout_layer: int = H(7, "the layers after this one attend to its output (record 2026-03-06); with --mudd 0 the "
+                              "output also subtracts a learned multiple of it (record 2025-10-04)")
+    mudd: bool = H(True, "MUDD connections: the last layers mix earlier layers' outputs with per-token weights "
+                         "(record 2026-04-22_MuddFormer)")
     bigram_vocab: int = H(5 * 50304, "rows of the bigram hash embedding; 0 = none (record: 5 x 50,304)")
     fp8_head: bool = H(True, "lm_head matmuls in FP8 while training (e4m3 forward, e5m2 grads); bf16 in eval")
     flex_tiles: str = H("auto", "FlexAttention's Triton tiles: default, small (fits GPUs with 99 KiB shared memory "
@@ -280,6 +289,8 @@ ADAM_GROUPS = {
     "gates": AdamGroup(1.0, 1.0, (0.9, 0.99)),        # attention output and value-embedding gates
     "smear": AdamGroup(0.01, 0.0, (0.9, 0.99)),       # smear gate
     "skip": AdamGroup(0.05, 0.0, (0.9, 0.99)),        # skip gate
+    "mudd": AdamGroup(0.25, 1.0, (0.9, 0.99)),        # MUDD's MLPs (2026-04-22_MuddFormer)
+    "mudd_bias": AdamGroup(0.25, 0.0, (0.9, 0.99)),   # and their biases
 }
 
 
@@ -339,12 +350,13 @@ def help_text(f) -> str:
 
 # The record's layout at a width that trains on 2 CPU cores, on the shipped books (data/tokenize_text.py makes
 # data/sample_shards/): 4 layers, layer 1 without attention, layer 2's heads paired, layers 0 and 3 long-windowed,
-# a value-embedding table of its own for layers 2 and 3 (the record's: for layers 1, 2 and the last three)
+# a value-embedding table of its own for layers 2 and 3 (the record's: for layers 1, 2 and the last three), the
+# layers after layer 1 attending to its output (MUDD's last two)
 SAMPLE_SHARDS = Path(__file__).resolve().parent / "data" / "sample_shards"  # the presets' data, wherever one runs from
 _CPU = dict(device="cpu", train_files=str(SAMPLE_SHARDS / "sample_train_*.bin"),
             val_files=str(SAMPLE_SHARDS / "sample_val_*.bin"), num_layers=4, num_heads=2, head_dim=32, model_dim=64,
             long_window_layers=(0, 3), no_attn_layers=(1,), paired_head_layers=(2,), value_embeds=(-1, -1, 0, 1),
-            skip=(0, 2), backout_layer=2, windows=(2, 4), final_window=4, val_window=6, bigram_vocab=5 * 4096,
+            skip=(0, 2), backout_layer=1, windows=(2, 4), final_window=4, val_window=6, bigram_vocab=5 * 4096,
             fp8_head=False, warmup_steps=0, val_seq_len=1024, val_tokens=8192)
 # named starting points for runs other than the record's; flags given beside --preset override it
 PRESETS = {
@@ -477,6 +489,13 @@ def check_layout(cfg: Hyperparameters):
                         f"{'value embeddings' if with_ve_no_attn else 'paired heads'}")
     if cfg.paired_head_layers and cfg.num_heads % 2:
         raise UserError(f"--paired_head_layers needs an even --num_heads (it is {cfg.num_heads})")
+    if cfg.mudd:
+        why = ("at least 3 layers" if L < 3 else f"attention on the last layer ({L - 1})" if L - 1 in cfg.no_attn_layers
+               else f"--backout_layer before layer {L - 2}" if cfg.backout_layer >= L - 2
+               else "a value embedding (--value_embeds)" if max(cfg.value_embeds) < 0
+               else "an even --num_heads" if cfg.num_heads % 2 else None)
+        if why:
+            raise UserError(f"--mudd needs {why}; or pass --mudd 0")
 
 
 # ---- schedules: each a function of the step alone, so a resumed run continues them exactly
@@ -596,6 +615,14 @@ VE_GATE_X = 6        # the value-embedding gate reads the first 6 dims of x and 
 VE_INIT_STD = 0.01   # value embeddings start at 0.01 randn, not zero (record 2026-02-03_VeTuned)
 RESID_INIT = 1.1 ** 0.5  # each sublayer's residual weight: 1.1 a layer over two (record 2026-03-06_SimplifyHC)
 BIGRAM_INIT = 0.05   # the bigram embedding's share at each layer (record 2026-03-06_SimplifyHC; 0.1 before)
+# MUDD (record 2026-04-22_MuddFormer, its v3): per channel of the second-to-last layer's weights, 3 sources, the
+# last layer's value-embedding gate and 4 of the last layer's stream weights
+MUDD_HIDDEN = 64              # the width of MUDD's MLP
+MUDD_COLS = 8
+MUDD_SCALE = 0.2 / 3 ** 0.5   # every weight MUDD makes is its MLP's output times this (0.2 / sqrt(3 sources))
+MUDD_V_SCALE = 1.15           # and what it adds to the last layer's v, this again
+MUDD_BACKOUT_BIAS = -4.34     # the last mix's bias on the backout layer's output: -0.5 x it after the scale, the
+                              # backout MUDD replaces
 ATTN_SCALE = 0.1     # softmax scale after QK-norm before any YaRN stage (record 2025-09-10_Yarn)
 YARN_ALPHA, YARN_BETA = 1, 32  # YaRN slows frequencies turning < 1 time per window, keeps those > 32
 BIGRAM_MULS = (36313, 27191)   # the record's bigram hash: (36313 * token) xor (27191 * previous token)
@@ -893,7 +920,8 @@ def qk_group_heads(num_heads: int) -> int:
 
 
 class Attention(nn.Module):
-    def __init__(self, dim: int, num_heads: int, head_dim: int, has_ve: bool, paired: bool, key_offset: bool):
+    def __init__(self, dim: int, num_heads: int, head_dim: int, has_ve: bool, paired: bool, key_offset: bool,
+                 ve_gate: bool = True):
         super().__init__()
         self.num_heads, self.head_dim, self.paired, self.key_offset = num_heads, head_dim, paired, key_offset
         # all four at the MLP's scale, the output projection too (record 2026-01-30: attention contributes from
@@ -906,11 +934,13 @@ class Attention(nn.Module):
         self.gate_w = nn.Parameter(torch.zeros(num_heads, GATE_DIMS, dtype=torch.bfloat16))
         # per head, 2 sigmoid(ve_gate_w @ [x[:6], ve[:6]]) scales the value embedding ve added to v (1 at the zero
         # init): the gate sees the embedding it scales (record 2026-02-03_VeTuned); on paired-head layers it
-        # reads x[:12], as before that record
-        self.ve_gate_w = nn.Parameter(torch.zeros(num_heads, GATE_DIMS, dtype=torch.bfloat16)) if has_ve else None
+        # reads x[:12], as before that record. The last layer's comes from MUDD (ve_gate=False)
+        self.ve_gate_w = (nn.Parameter(torch.zeros(num_heads, GATE_DIMS, dtype=torch.bfloat16)) if has_ve and ve_gate
+                          else None)
 
-    def forward(self, x: Tensor, ve, mask, rot: Rotary, sa: Tensor, flex_options) -> Tensor:
-        """x: the block's normed input (B, T, dim); sa: this layer's (value, output) scales."""
+    def forward(self, x: Tensor, ve, mask, rot: Rotary, sa: Tensor, flex_options, mudd=None) -> Tensor:
+        """x: the block's normed input (B, T, dim); sa: this layer's (value, output) scales; mudd: (what MUDD
+        adds to v (B, T, H, D), the value embedding's gate less 2 (B, T, H)) on the last layer, else None."""
         B, T = x.shape[:2]
         H, D = self.num_heads, self.head_dim
         # q and k from one matmul, v from another: the QK-norm + rotary op then owns its input's whole grad
@@ -919,7 +949,11 @@ class Attention(nn.Module):
         if self.key_offset:
             k = shift_stationary_keys(k)
         v = sa[0] * mm(x, self.vo_w[0].type_as(x).mT).view(B, T, H, D)
-        if ve is not None:  # paired-head layers' gates read x[:12] alone (the record's paired branch)
+        if mudd is not None:
+            v = v + mudd[0]
+        if ve is not None and self.ve_gate_w is None:
+            v = v + (mudd[1] + 2)[..., None] * ve.view_as(v)
+        elif ve is not None:  # paired-head layers' gates read x[:12] alone (the record's paired branch)
             ve_in = x if self.paired else torch.cat([x[..., :VE_GATE_X], ve[..., :GATE_DIMS - VE_GATE_X]], dim=-1)
             v = v + 2 * gate(ve_in, self.ve_gate_w)[..., None] * ve.view_as(v)
         if self.paired:  # heads 0..H/2-1 of token t at position 2t of a twice-as-long sequence, the others at 2t+1
@@ -946,26 +980,79 @@ class Block(nn.Module):
         self.long_window, self.paired = i in cfg.long_window_layers, i in cfg.paired_head_layers
         self.attn = None if i in cfg.no_attn_layers else Attention(
             cfg.model_dim, cfg.num_heads, cfg.head_dim, cfg.value_embeds[i] >= 0, self.paired,
-            key_offset=self.long_window and not self.paired)
+            key_offset=self.long_window and not self.paired, ve_gate=not (cfg.mudd and i == cfg.num_layers - 1))
         self.mlp = MLP(cfg.model_dim)
 
-    def forward(self, x: Tensor, x0: Tensor, bigram, attn_in, mix: Tensor, ve, masks: dict, rot: Rotary,
-                sa: Tensor, flex_options=None, skip=None) -> Tensor:
+    def forward(self, x: Tensor, x0: Tensor, bigram, attn_in, mix, ve, masks: dict, rot: Rotary,
+                sa: Tensor, flex_options=None, skip=None, mudd=None) -> Tensor:
         """Each sublayer's update is x = resid x + post out (record 2026-03-06_SimplifyHC); the attention's
         also adds x0's and the bigram embedding's shares. mix: (attention's resid, post, MLP's resid, post, x0,
-        bigram) weights; bigram None where it does not join. attn_in: what the attention reads if not x (the
-        backout layer's output, for the layers after it); skip: (gate, an earlier layer's output), added first
-        (the layer without attention). Inside the block so that a block-by-block compile fuses them with the
-        rest (eager, such glue was ~30 passes over the residual stream per micro-step)."""
+        bigram) weights, scalars or per token (B, T, 1) from MUDD; bigram None where it does not join. attn_in:
+        what the attention reads if not x (the backout layer's output, for the layers after it); skip: (gate,
+        an earlier layer's output), added first (the layer without attention); mudd: Attention.forward's.
+        Inside the block so that a block-by-block compile fuses them with the rest (eager, such glue was ~30
+        passes over the residual stream per micro-step)."""
         if skip is not None:
             x = x + skip[0] * skip[1]
         if self.attn is not None:
             y = self.attn(norm(x if attn_in is None else attn_in), ve, masks[self.paired, self.long_window], rot, sa,
-                          flex_options)
+                          flex_options, mudd)
             x = mix[0] * x + mix[1] * y + mix[4] * x0
             if bigram is not None:
                 x = x + mix[5] * bigram
         return mix[2] * x + mix[3] * self.mlp(norm(x))
+
+
+class MUDD(nn.Module):
+    """Multiway dynamic dense connections (Xiao et al. 2025) as the record 2026-04-22_MuddFormer trims them: two
+    small MLPs (dim -> 64, gelu, -> 2 channels x 8 columns, plus a bias, times MUDD_SCALE) make per-token weights
+    from the stream. After the second-to-last layer (inner), from its output x: channel 1 mixes x0 and the
+    backout layer's output into x (x kept at 1 + its weight); channel 0 makes, times 1.15, what the last layer
+    adds to its v; column 3 of channel c, the gate (less 2) of the last layer's value embedding on heads
+    c H/2 .. (c + 1) H/2 - 1; columns 4-7, the last layer's attention and MLP residual and output weights and
+    its x0 and bigram shares, per token. After the last layer (outer), the second MLP's channel 1 mixes x0, the
+    backout layer's output, the second-to-last layer's, the first value embedding and the skip's source into
+    x. bf16 weights, as the record's; w_out starts at zero, so only the biases speak at first: the last layer's
+    weights at their old init and the backout at -0.5."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        w_in = torch.empty(2, MUDD_HIDDEN, dim)
+        for w in w_in:
+            nn.init.kaiming_uniform_(w, a=math.sqrt(5))  # uniform within +-1/sqrt(dim), torch's Linear init
+        self.w_in = nn.Parameter(w_in.bfloat16())
+        self.w_out = nn.Parameter(torch.zeros(2, MUDD_HIDDEN, 2, MUDD_COLS, dtype=torch.bfloat16))
+        bias = torch.zeros(2, 2, MUDD_COLS)
+        bias[0, :, 4] = RESID_INIT / MUDD_SCALE   # the last layer's residual weights (attention, MLP)
+        bias[0, :, 5] = 1 / MUDD_SCALE            # and output weights
+        bias[0, 0, 7] = BIGRAM_INIT / MUDD_SCALE  # its bigram share (x0's, column 6, starts at 0)
+        bias[1, 1, 1] = MUDD_BACKOUT_BIAS
+        self.bias = nn.Parameter(bias.bfloat16())
+
+    def weights(self, x: Tensor, j: int) -> Tensor:
+        h = F.gelu(mm(x, self.w_in[j].type_as(x).mT))
+        return (mm(h, self.w_out[j].flatten(1).type_as(x)).unflatten(-1, (2, MUDD_COLS)) + self.bias[j].type_as(x)) \
+            * MUDD_SCALE
+
+    def inner(self, x: Tensor, x0: Tensor, backout_x: Tensor):
+        """x: the second-to-last layer's output. Returns (x mixed, the last layer's Attention.forward mudd, its
+        mix: Block.forward's six weights, each (B, T, 1))."""
+        m = self.weights(x, 0)
+        v, r = m[..., 0, :3], m[..., 1, :3]
+        v_add = MUDD_V_SCALE * (v[..., 0:1] * x0 + v[..., 1:2] * backout_x + v[..., 2:3] * x)
+        x = (1 + r[..., 2:3]) * x + r[..., 0:1] * x0 + r[..., 1:2] * backout_x
+        ve_gate = m[..., 3].repeat_interleave(self.heads // 2, dim=-1)
+        mix = [m[..., 0, 4:5], m[..., 0, 5:6], m[..., 1, 4:5], m[..., 1, 5:6], m[..., 0, 6:7], m[..., 0, 7:8]]
+        return x, (v_add.view(*x.shape[:-1], self.heads, -1), ve_gate), mix
+
+    def outer(self, x: Tensor, sources: list) -> Tensor:
+        """x: the last layer's output; sources: x0, the backout layer's output, the second-to-last layer's, the
+        first value embedding, the skip's source."""
+        m = self.weights(x, 1)[..., 1, :len(sources)]
+        for k, source in enumerate(sources):
+            x = x + m[..., k:k + 1] * source
+        return x
 
 
 # ---- the head
@@ -1086,9 +1173,10 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(L))
         self.smear_gate_w = nn.Parameter(torch.zeros(1, GATE_DIMS, **bf16))
         self.skip_gate_w = nn.Parameter(torch.zeros(1, GATE_DIMS, **bf16))
-        # attention value and output weights (0.5, 1) per layer; smear (0), backout (0.5) and skip (-1.5:
-        # sigmoid 0.18) weights (record)
-        self.scalars = nn.Parameter(torch.cat([torch.tensor([0.5, 1.0]).repeat(L), torch.tensor([0.0, 0.5, -1.5])]))
+        # attention value and output weights (0.5, 1) per layer; smear (0), backout (0.5; none with MUDD, whose
+        # bias takes its place) and skip (-1.5: sigmoid 0.18) weights (record)
+        self.scalars = nn.Parameter(torch.cat([torch.tensor([0.5, 1.0]).repeat(L),
+                                               torch.tensor([0.0, -1.5] if cfg.mudd else [0.0, 0.5, -1.5])]))
         # per layer, (attention, MLP): x = resid x + post out; resid from sqrt(1.1) (1.1 a layer, as before),
         # post from 1 (record 2026-03-06_SimplifyHC)
         self.resid_lambdas = nn.Parameter(torch.full((L, 2), RESID_INIT))
@@ -1096,13 +1184,15 @@ class GPT(nn.Module):
         self.x0_lambdas = nn.Parameter(torch.zeros(L))  # x0's share added with each attention's output
         self.bigram_lambdas = (nn.Parameter(torch.full((L,), BIGRAM_INIT)) if cfg.bigram_vocab  # its share
                                else None)
+        self.mudd = MUDD(dim, cfg.num_heads) if cfg.mudd else None
+        self.mudd_ve = next(t for t in cfg.value_embeds if t >= 0) if cfg.mudd else None  # the first VE layer's
         self.head_loss, self.eval_loss = head_loss, eval_loss
         self.grad_sinks = {}  # table weight -> RowSink, attached by the optimizer (ShardedOptimizer.row_sinks)
 
     def lambdas(self):
-        """The scalars by name: attention (L, 2) weights; smear, backout, skip."""
+        """The scalars by name: attention (L, 2) weights; smear, backout (None with MUDD), skip."""
         L, s = len(self.blocks), self.scalars
-        return s[:2 * L].view(L, 2), s[2 * L], s[2 * L + 1], s[2 * L + 2]
+        return s[:2 * L].view(L, 2), s[2 * L], None if self.mudd else s[2 * L + 1], s[-1]
 
     def compile_regions(self, whole: bool, backend: str = "inductor"):
         """torch.compile the blocks and the head, either as one graph (whole) or block by block. One graph fuses
@@ -1140,8 +1230,8 @@ class GPT(nn.Module):
 
     def hidden(self, idx: Tensor, windows: Tensor) -> Tensor:
         """idx: (B, T) token ids of B sequences, or (T,) of one; windows: (short, long) window in tokens.
-        Returns the last block's output less the backout, (B, T, dim). The table lookups run outside the
-        compiled graph (core), so that their grads can go straight into the fp32 sums."""
+        Returns the last block's output after MUDD's last mix (or less the backout), (B, T, dim). The table
+        lookups run outside the compiled graph (core), so that their grads can go straight into the fp32 sums."""
         idx = idx if idx.dim() == 2 else idx[None]
         bigram = None
         if self.bigram_embed is not None:
@@ -1166,18 +1256,28 @@ class GPT(nn.Module):
                              self.post_lambdas[:, 1], self.x0_lambdas, bigram_w], dim=1).type_as(x0)
         if bigram is not None:
             x = x + mixes[0, 5] * bigram
-        skipped = backout_x = None
+        x0_mudd = x  # MUDD's x0 (the record's, after its `x0 = x.clone()`): the stream as layer 0 gets it
+        skipped = backout_x = second_last = mudd = None
         for i, block in enumerate(self.blocks):
             skip = None
             if i == self.skip_to:  # 2 sigmoid(skip_w) sigmoid(gate of x0) times the earlier output
                 skip = (2 * torch.sigmoid(skip_w) * gate(x0, self.skip_gate_w), skipped)
             ve_i = ve[self.ve_of_layer[i]] if self.ve_of_layer[i] >= 0 else None
-            x = block(x, x0, bigram if i > 0 else None, backout_x, mixes[i], ve_i, masks, self.rotary, sa[i],
-                      self.kernels.flex_options, skip)
+            if mudd is None:
+                x = block(x, x0, bigram if i > 0 else None, backout_x, mixes[i], ve_i, masks, self.rotary, sa[i],
+                          self.kernels.flex_options, skip)
+            else:  # the last layer, its weights per token from MUDD
+                x = block(x, x0_mudd, bigram, backout_x, mudd[1], ve_i, masks, self.rotary, sa[i],
+                          self.kernels.flex_options, skip, mudd[0])
+            if self.mudd is not None and i == len(self.blocks) - 2:
+                second_last = x
+                x, *mudd = self.mudd.inner(x, x0_mudd, backout_x)
             if i == self.skip_from:
                 skipped = x
             if i == self.backout_layer:
                 backout_x = x
+        if self.mudd is not None:
+            return self.mudd.outer(x, [x0_mudd, backout_x, second_last, ve[self.mudd_ve], skipped])
         return x - backout * backout_x
 
     def forward(self, idx: Tensor, targets: Tensor, windows: Tensor, mtp_weights: Tensor = None):
@@ -1207,7 +1307,9 @@ def param_groups(model: GPT) -> tuple[dict, dict]:
                                                                    else []),
             "gates": [w for b in blocks if b.attn is not None for w in (b.attn.gate_w, b.attn.ve_gate_w)
                       if w is not None],
-            "smear": [model.smear_gate_w], "skip": [model.skip_gate_w]}
+            "smear": [model.smear_gate_w], "skip": [model.skip_gate_w],
+            "mudd": [model.mudd.w_in, model.mudd.w_out] if model.mudd else [],
+            "mudd_bias": [model.mudd.bias] if model.mudd else []}
     muon, adam = ({k: v for k, v in g.items() if v} for g in (muon, adam))
     grouped = [id(p) for g in (muon, adam) for ps in g.values() for p in ps]
     assert sorted(grouped) == sorted(id(p) for p in model.parameters()), "every parameter in exactly one group"
@@ -1978,10 +2080,11 @@ def parameter_counts(cfg: Hyperparameters) -> tuple[int, int]:
     which would cost a second of imports at every launch)."""
     V, d, L, heads = cfg.vocab_size, cfg.model_dim, cfg.num_layers, cfg.num_heads
     attn = [i for i in range(L) if i not in cfg.no_attn_layers]
-    with_ve = [i for i in attn if cfg.value_embeds[i] >= 0]
+    with_ve = [i for i in attn if cfg.value_embeds[i] >= 0 and not (cfg.mudd and i == L - 1)]  # gates of their own
+    mudd = (2 * MUDD_HIDDEN * d + 2 * MUDD_HIDDEN * 2 * MUDD_COLS + 2 * 2 * MUDD_COLS) if cfg.mudd else 0
     bf16 = ((2 + max(cfg.value_embeds) + 1) * V + cfg.bigram_vocab) * d + \
-        (len(attn) + len(with_ve)) * heads * GATE_DIMS + 2 * GATE_DIMS
-    fp32 = L * 8 * d * d + len(attn) * 4 * d * d + (8 if cfg.bigram_vocab else 7) * L + 3
+        (len(attn) + len(with_ve)) * heads * GATE_DIMS + 2 * GATE_DIMS + mudd
+    fp32 = L * 8 * d * d + len(attn) * 4 * d * d + (8 if cfg.bigram_vocab else 7) * L + (2 if cfg.mudd else 3)
     return bf16, fp32
 
 

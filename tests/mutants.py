@@ -74,6 +74,22 @@ MUTANTS = {
         [REFERENCE, f"{T}::test_attention_and_value_gates_scale_each_head"]),
     "paired-head value-embedding gate reads the value embedding": ("train_gpt.py", [
         ("            ve_in = x if self.paired else", "            ve_in = x if False else")], [REFERENCE]),
+    "MUDD's x0 is the normed embedding, not the stream layer 0 gets": ("train_gpt.py", [
+        ("        x0_mudd = x  # MUDD's x0", "        x0_mudd = x0  # MUDD's x0")], [REFERENCE]),
+    "the last layer's x0 share reads the normed embedding": ("train_gpt.py", [
+        ("x = block(x, x0_mudd, bigram, backout_x, mudd[1]", "x = block(x, x0, bigram, backout_x, mudd[1]")], [REFERENCE]),
+    "MUDD after layer 9 weighs its own output by m, not 1 + m": ("train_gpt.py", [
+        ("        x = (1 + r[..., 2:3]) * x +", "        x = r[..., 2:3] * x +")], [REFERENCE]),
+    "MUDD's v addition without its 1.15": ("train_gpt.py", [
+        ("        v_add = MUDD_V_SCALE * (", "        v_add = (")], [REFERENCE]),
+    "the last layer's MUDD value gate without its 2": ("train_gpt.py", [
+        ("            v = v + (mudd[1] + 2)[..., None]", "            v = v + mudd[1][..., None]")], [REFERENCE]),
+    "MUDD's value-gate channels alternate heads, not halves": ("train_gpt.py", [
+        ("m[..., 3].repeat_interleave(self.heads // 2, dim=-1)", "m[..., 3].repeat(1, 1, self.heads // 2)")], [REFERENCE]),
+    "MUDD's last mix leaves out the skip's source": ("train_gpt.py", [
+        ("second_last, ve[self.mudd_ve], skipped])", "second_last, ve[self.mudd_ve]])")], [REFERENCE]),
+    "MUDD's backout bias left at zero": ("train_gpt.py", [
+        ("        bias[1, 1, 1] = MUDD_BACKOUT_BIAS\n", "")], [f"{T}::test_full_size_model_has_the_record_parameters"]),
     "residual and output weights swapped": ("train_gpt.py", [
         ("            x = mix[0] * x + mix[1] * y + mix[4] * x0\n", "            x = mix[1] * x + mix[0] * y + mix[4] * x0\n")],
         [REFERENCE]),

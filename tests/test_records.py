@@ -41,7 +41,8 @@ def test_summary_statistics_and_what_is_not_a_log(tmp_path):
     finals = [3.2712, 3.2745, 3.2731, 3.2760]
     for i, loss in enumerate(finals):
         fake_log(tmp_path / f"run{i}.txt", [(0, 10.8, 0), (1600, loss, 170_000 + i * 1000)],
-                 extra=[tg.log_line(peak_memory="40000MiB")], config={**fineweb_config(), "num_steps": 1600})
+                 extra=[tg.log_line(peak_memory="40000MiB")],
+                 config={**fineweb_config(), "num_steps": 1600, "extension_steps": 40})
     (tmp_path / "stepbench.txt").write_text("new: median 617.0 ms/step over steps 21..45\n")  # not a log: passed over
     out = tool.summary([tmp_path], target=None)
     assert "skipped" not in out and "stepbench" not in out

@@ -180,8 +180,9 @@ def test_skip_backout_bigram_and_value_embeddings_follow_the_record():
     3 (the bigram table filled with 0.25), layer 0's input is x0 + 0.75 and each layer's injection 2 x0, plus
     0.75 from layer 1 on (2026-03-06_SimplifyHC); layer 6 gets layer 3's output through the skip; the layers
     after 7 attend to layer 7's output; tables filled with t+1 show which value embedding reached which layer;
-    the output is the last layer's minus backout x layer 7's."""
-    cfg = record_layout_at_tiny_width()
+    the output is the last layer's minus backout x layer 7's (--mudd 0: MUDD's routing is the float64
+    reference's)."""
+    cfg = record_layout_at_tiny_width(mudd=False)
     model = tg.GPT(cfg).float()  # an fp32 residual stream, so the offsets below are exact
     for t, e in enumerate(model.value_embeds):
         e.weight.data.fill_(t + 1)
@@ -262,7 +263,7 @@ def ref_bigram(ids: np.ndarray, rows: int) -> list:
     return [rows - 1] + [((36313 * int(ids[i])) ^ (27191 * int(ids[i - 1]))) % (rows - 1) for i in range(1, len(ids))]
 
 
-def ref_attention(P, i, h, ve, tokens, window, heads, f, scale):
+def ref_attention(P, i, h, ve, tokens, window, heads, f, scale, v_add=None, ve_gate=None):
     """Layer i's attention on its normed input h (T, dim), brute force: QK rms-normed then turned (paired heads:
     head j of token t at position 2t + j mod 2), q times the scale; keys of long-window layers take their
     predecessor's values in the dims RoPE leaves still; v times the layer's first attention scalar, plus the
@@ -281,7 +282,11 @@ def ref_attention(P, i, h, ve, tokens, window, heads, f, scale):
         still = torch.tensor([f[j % (D // 2)] == 0 for j in range(D)])
         k = torch.where(still, torch.cat([k[:1], k[:-1]]), k)
     v = sa[0] * v
-    if ve is not None:
+    if v_add is not None:  # MUDD's, on the last layer (2026-04-22)
+        v = v + v_add
+    if ve is not None and ve_gate is not None:  # MUDD's gate (less 2) on the last layer
+        v = v + (ve_gate + 2)[..., None] * ve.view(T, heads, D)
+    elif ve is not None:
         gate_in = h[:, :12] if paired else torch.cat([h[:, :6], ve[:, :6]], dim=-1)
         v = v + 2 * torch.sigmoid(gate_in @ P[f"blocks.{i}.attn.ve_gate_w"].T)[..., None] * ve.view(T, heads, D)
     if paired:
@@ -299,18 +304,21 @@ def ref_hidden(P: dict, tokens: np.ndarray, short: int, long: int, stages: list,
     at each layer with attention x = ra_i x + pa_i attn(rmsnorm(input)) + x0w_i x0 (+ bigram_i B from layer 1
     on), where the input is x, or layer 7's output for the layers after it; layer 6 (no attention) instead
     adds 2 sigmoid(skip) sigmoid(gate of x0) x layer 3's output; then x = rm_i x + pm_i mlp(rmsnorm(x)), a
-    ReLU^2 MLP; the output is the last layer's less backout x layer 7's."""
+    ReLU^2 MLP; the output is the last layer's less backout x layer 7's. With MUDD (2026-04-22_MuddFormer v3's
+    forward, when P has its weights): see ref_mudd_weights; no backout scalar."""
     ids = torch.from_numpy(tokens).long()
     s = P["scalars"]
-    smear, backout, skip = s[2 * L:2 * L + 3]
+    mudd = "mudd.w_in" in P
+    smear, backout, skip = s[2 * L], None if mudd else s[2 * L + 1], s[-1]
     resid, post, x0w, bigram_w = P["resid_lambdas"], P["post_lambdas"], P["x0_lambdas"], P["bigram_lambdas"]
     x = P["embed.weight"][ids]
     x = torch.cat([x[:1], x[1:] + smear * torch.sigmoid(x[1:, :12] @ P["smear_gate_w"].T) * x[:-1]])
     x = x0 = ref_rms(x)
     bigram = P["bigram_embed.weight"][ref_bigram(tokens, P["bigram_embed.weight"].size(0))]
     x = x + bigram_w[0] * bigram
+    xm = x  # the record's `x0 = x.clone()` before its layers: what MUDD calls x0
     f, scale = ref_yarn(x.size(-1) // heads, stages)
-    outputs = {}
+    outputs, last = {}, None  # last: what MUDD after layer 9 makes for layer 10
     for i in range(L):
         if i == RECORD_SKIP[1]:
             gate = 2 * torch.sigmoid(skip) * torch.sigmoid(x0[:, :12] @ P["skip_gate_w"].T)
@@ -319,19 +327,42 @@ def ref_hidden(P: dict, tokens: np.ndarray, short: int, long: int, stages: list,
             ve = P[f"value_embeds.{RECORD_VE[i]}.weight"][ids] if i in RECORD_VE else None
             window = long if i in RECORD_LONG else short
             h = ref_rms(outputs[RECORD_BACKOUT] if i > RECORD_BACKOUT else x)
-            y = ref_attention(P, i, h, ve, tokens, window, heads, f, scale)
-            x = resid[i, 0] * x + post[i, 0] * y + x0w[i] * x0 + (bigram_w[i] * bigram if i > 0 else 0)
+            if last is None:
+                y = ref_attention(P, i, h, ve, tokens, window, heads, f, scale)
+                x = resid[i, 0] * x + post[i, 0] * y + x0w[i] * x0 + (bigram_w[i] * bigram if i > 0 else 0)
+            else:
+                y = ref_attention(P, i, h, ve, tokens, window, heads, f, scale, last["v"], last["ve_gate"])
+                x = last["ra"] * x + last["pa"] * y + (last["x0"] * xm + last["big"] * bigram)
         y = torch.relu(ref_rms(x) @ P[f"blocks.{i}.mlp.fc_w"].T).square() @ P[f"blocks.{i}.mlp.proj_w"]
-        x = resid[i, 1] * x + post[i, 1] * y
+        x = (resid[i, 1] * x + post[i, 1] * y) if last is None else (last["rm"] * x + last["pm"] * y)
         outputs[i] = x
-    return x - backout * outputs[RECORD_BACKOUT]
+        if mudd and i == L - 2:  # layer 9: sources x0, h7 and its own output
+            m = ref_mudd_weights(P, x, 0)  # (T, channel, column)
+            last = dict(v=(1.15 * (m[:, 0, 0:1] * xm + m[:, 0, 1:2] * outputs[7] + m[:, 0, 2:3] * x)).view(
+                len(ids), heads, -1), ve_gate=m[:, :, 3].repeat_interleave(heads // 2, dim=1),
+                ra=m[:, 0, 4:5], pa=m[:, 0, 5:6], rm=m[:, 1, 4:5], pm=m[:, 1, 5:6], x0=m[:, 0, 6:7], big=m[:, 0, 7:8])
+            x = (1 + m[:, 1, 2:3]) * x + m[:, 1, 0:1] * xm + m[:, 1, 1:2] * outputs[7]
+    if not mudd:
+        return x - backout * outputs[RECORD_BACKOUT]
+    m = ref_mudd_weights(P, x, 1)[:, 1, :5]  # after layer 10: x0, h7, h9, layer 1's value embedding, h3
+    sources = [xm, outputs[7], outputs[9], P["value_embeds.0.weight"][ids], outputs[3]]
+    return x + sum(m[:, k:k + 1] * src for k, src in enumerate(sources))
 
 
-def randomized_record_model(seed: int) -> "tg.GPT":
+def ref_mudd_weights(P: dict, x: torch.Tensor, j: int) -> torch.Tensor:
+    """MUDD's per-token weights from MLP j on x (T, dim): (gelu(x W1_j^T) W2_j + b_j) 0.2 / sqrt(3), (T, 2, 8);
+    gelu(u) = u Phi(u), the normal CDF Phi by erf."""
+    u = x @ P["mudd.w_in"][j].T
+    h = u * 0.5 * (1 + torch.erf(u / 2 ** 0.5))
+    return (torch.einsum("td,dcl->tcl", h, P["mudd.w_out"][j]) + P["mudd.bias"][j]) * 0.2 / 3 ** 0.5
+
+
+def randomized_record_model(seed: int, **over) -> "tg.GPT":
     """The record's layout at width 64 in fp32, every parameter random and non-zero, so that the zero-initialised
-    paths (output projections, gates, value and bigram embeddings) and every scalar take part."""
+    paths (output projections, gates, value and bigram embeddings, MUDD's output weights) and every scalar take
+    part."""
     gen = torch.Generator().manual_seed(seed)
-    model = tg.GPT(record_layout_at_tiny_width()).float()
+    model = tg.GPT(record_layout_at_tiny_width(**over)).float()
     with torch.no_grad():
         for name, p in model.named_parameters():
             scale = 1.0 if "embed" in name or "head" in name else 1.5 * p.size(-1) ** -0.5
@@ -342,20 +373,21 @@ def randomized_record_model(seed: int) -> "tg.GPT":
     return model
 
 
-@pytest.mark.parametrize("short,long,stages", [(0, 300, [1]), (192, 384, [3, 7, 11])])
-def test_model_equals_float64_reference(short, long, stages):
+@pytest.mark.parametrize("short,long,stages,heads,mudd", [(0, 300, [1], 2, True), (192, 384, [3, 7, 11], 4, True),
+                                                         (192, 384, [3, 7], 2, False)])
+def test_model_equals_float64_reference(short, long, stages, heads, mudd):
     """Hidden states, the multi-token loss with the head, and the grads of every parameter against ref_hidden, a
     float64 forward pass written from the record's description (it shares no code with train_gpt.py but the
     parameter names). At fp32 the model is exact to rounding (1e-5); its head is a bf16 matmul, as the record's,
     so the reference rounds the head's operands and logits to bf16 too."""
-    model = randomized_record_model(len(stages))
+    model = randomized_record_model(len(stages), num_heads=heads, head_dim=64 // heads, mudd=mudd)
     model.rotary.set_stages(stages)
     tokens = token_layouts(513, 0)["random"]
     idx, targets = tokens[:-1], tokens[1:]
     P = {n: p.detach().double().requires_grad_() for n, p in model.named_parameters()}
     R = torch.randn(512, 64, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     windows = torch.tensor([short, long])
-    want = ref_hidden(P, idx, short, long, stages, heads=2)
+    want = ref_hidden(P, idx, short, long, stages, heads=heads)
     got = model.hidden(torch.from_numpy(idx).int(), windows)[0]
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
     (want * R).sum().backward()
@@ -635,10 +667,11 @@ def test_cautious_step_decays_only_where_update_and_weight_agree():
 
 
 def tiny_optimizer(**over):
-    cfg = tg.parse_args(["--device", "cpu", "--num_layers", "2", "--model_dim", "64", "--num_heads", "2",
+    cfg = tg.parse_args(["--device", "cpu", "--num_layers", "3", "--model_dim", "64", "--num_heads", "2",
                          "--head_dim", "32", "--long_window_layers", "0", "--no_attn_layers", "", "--paired_head_layers",
-                         "", "--value_embeds", "0,-1", "--skip", "0,1", "--backout_layer", "1", "--seq_len", "128",
+                         "", "--value_embeds", "0,-1,-1", "--skip", "0,1", "--backout_layer", "0", "--seq_len", "128",
                          "--val_seq_len", "128", "--val_tokens", "128", "--bigram_vocab", "1000"])
+    tg.check_config(cfg)
     cfg = dataclasses.replace(cfg, **over)
     model = tg.GPT(cfg)
     with torch.no_grad():
@@ -853,9 +886,9 @@ class RecordSchedule:
         return w + [0.0] * (3 - len(w))
 
 
-@pytest.mark.parametrize("num_steps,extension", [(1480, 40), (1490, 40), (118, 3), (1001, 40), (100, 7)])
+@pytest.mark.parametrize("num_steps,extension", [(1415, 10), (1480, 40), (118, 3), (1001, 40), (100, 7)])
 def test_schedules_follow_the_record(num_steps, extension):
-    """Every step, at the default's count (1440 scheduled steps: round(S/3) = 480, round(2S/3) = 960) and
+    """Every step, at the default's count (1405 scheduled steps: round(S/3) = 468, round(2S/3) = 937) and
     others that do not divide by 3, against the record's TrainingSchedule (RecordSchedule) and its window,
     document length (2026-02-10_ShortWindow: 896 tokens in the first stage), momentum and Adam rules."""
     cfg = tg.parse_args(["--num_steps", str(num_steps), "--extension_steps", str(extension)])
@@ -898,9 +931,9 @@ def test_a_saved_config_reads_back_as_the_same_hyperparameters():
 
 
 def test_defaults_are_the_records():
-    """The constants of the default's record (2026-04-08_PairedHeadMuon), as its log's script sets them."""
+    """The constants of the default's record (2026-04-22_MuddFormer, its v3), as its log's script sets them."""
     cfg = tg.Hyperparameters()
-    record = dict(num_steps=1480, extension_steps=40, cooldown_frac=0.60, lr_stage_scales=(1.0, 1.52, 1.73),
+    record = dict(num_steps=1415, extension_steps=10, mudd=True, cooldown_frac=0.60, lr_stage_scales=(1.0, 1.52, 1.73),
                   batch_seqs=(8, 16, 24), seq_len=16384, max_doc_len=(896, 2048, 2048), windows=(3, 7, 11), final_window=13,
                   val_window=20, split_embed_frac=2 / 3, mtp=True, val_seq_len=262_144, val_tokens=10_485_760,
                   val_every=250, target_val_loss=3.28, vocab_size=50304, num_layers=11, model_dim=768, num_heads=6,
@@ -917,15 +950,19 @@ def test_defaults_are_the_records():
     assert len(tg.POLAR_EXPRESS_COEFFS) == 5
     lr_mul = {g: a.lr_mul for g, a in tg.ADAM_GROUPS.items()}
     assert lr_mul == {"head": 1.0, "embeds": 75.0, "scalars": 5.0, "resid": 5.0, "inject": 1.0, "gates": 1.0,
-                      "smear": 0.01, "skip": 0.05}
+                      "smear": 0.01, "skip": 0.05, "mudd": 0.25, "mudd_bias": 0.25}
     assert {g: a.wd_mul for g, a in tg.ADAM_GROUPS.items()} == {"head": 150.0, "embeds": 5.0, "scalars": 0.0,
                                                                  "resid": 0.0, "inject": 0.0, "gates": 1.0,
-                                                                 "smear": 0.0, "skip": 0.0}
+                                                                 "smear": 0.0, "skip": 0.0, "mudd": 1.0,
+                                                                 "mudd_bias": 0.0}
     assert {g: a.betas for g, a in tg.ADAM_GROUPS.items()} == {
         "head": (0.5, 0.95), "embeds": (0.75, 0.95), "scalars": (0.9, 0.99), "resid": (0.9, 0.95),
-        "inject": (0.9, 0.95), "gates": (0.9, 0.99), "smear": (0.9, 0.99), "skip": (0.9, 0.99)}
+        "inject": (0.9, 0.95), "gates": (0.9, 0.99), "smear": (0.9, 0.99), "skip": (0.9, 0.99),
+        "mudd": (0.9, 0.99), "mudd_bias": (0.9, 0.99)}
     assert tg.MUON_GROUPS == {"attn_qk": 1.0, "attn_vo": 1.0, "mlp_in": 1.0, "mlp_out": 2.0}
-    assert tg.split_step(cfg) == 961  # round(2/3 x 1440) | 1
+    assert tg.split_step(cfg) == 937  # round(2/3 x 1405) | 1
+    assert (tg.MUDD_HIDDEN, tg.MUDD_COLS, tg.MUDD_SCALE, tg.MUDD_V_SCALE, tg.MUDD_BACKOUT_BIAS) == (
+        64, 8, 0.2 / 3 ** 0.5, 1.15, -4.34)
     assert tg.LR_FLOOR == 0.15
     assert (tg.ATTN_INIT_STD, tg.VE_GATE_X, tg.VE_INIT_STD) == (0.5, 6, 0.01)
     assert (tg.RESID_INIT, tg.BIGRAM_INIT) == (1.1 ** 0.5, 0.05)
@@ -939,7 +976,7 @@ def test_full_size_model_has_the_record_parameters():
     assert shapes["embed.weight"] == ((V, 768), bf16) and shapes["head_w"] == ((V, 768), bf16)
     assert [shapes[f"value_embeds.{i}.weight"] for i in range(5)] == [((V, 768), bf16)] * 5
     assert shapes["bigram_embed.weight"] == ((5 * V, 768), bf16)
-    assert shapes["scalars"] == ((2 * L + 3,), f32) and shapes["x0_lambdas"] == shapes["bigram_lambdas"] == ((L,), f32)
+    assert shapes["scalars"] == ((2 * L + 2,), f32)  # no backout scalar with MUDD and shapes["x0_lambdas"] == shapes["bigram_lambdas"] == ((L,), f32)
     assert shapes["resid_lambdas"] == shapes["post_lambdas"] == ((L, 2), f32)
     assert shapes["smear_gate_w"] == shapes["skip_gate_w"] == ((1, 12), bf16)
     for i in range(L):
@@ -951,9 +988,12 @@ def test_full_size_model_has_the_record_parameters():
         assert shapes[f"blocks.{i}.attn.qk_w"] == ((6, 256, 768), f32)
         assert shapes[f"blocks.{i}.attn.vo_w"] == ((2, 768, 768), f32)
         assert shapes[f"blocks.{i}.attn.gate_w"] == ((6, 12), bf16)
-        assert (f"blocks.{i}.attn.ve_gate_w" in shapes) == (i in RECORD_VE)
+        assert (f"blocks.{i}.attn.ve_gate_w" in shapes) == (i in RECORD_VE and i != 10)  # layer 10's: MUDD's
+    assert shapes["mudd.w_in"] == ((2, 64, 768), bf16) and shapes["mudd.w_out"] == ((2, 64, 2, 8), bf16)
+    assert shapes["mudd.bias"] == ((2, 2, 8), bf16)
     counted = sum(p.numel() for p in model.parameters())
-    assert counted == (7 + 5) * V * 768 + 10 * 4 * 768**2 + 11 * 2 * 3072 * 768 + 15 * 6 * 12 + 2 * 12 + 8 * L + 3
+    assert counted == ((7 + 5) * V * 768 + 10 * 4 * 768**2 + 11 * 2 * 3072 * 768 + 14 * 6 * 12 + 2 * 12 + 8 * L + 2
+                       + 2 * 64 * 768 + 2 * 64 * 16 + 2 * 16)
     muon, adam = tg.param_groups(model)
     assert [tg.muon_shape_factor(p.shape) for p in muon["mlp_in"] + muon["mlp_out"]] == [2.0] * 22
     assert all(tg.muon_shape_factor(p.shape) == 1.0 for p in muon["attn_qk"] + muon["attn_vo"])
@@ -961,7 +1001,16 @@ def test_full_size_model_has_the_record_parameters():
     model = tg.GPT(tg.parse_args(["--model_dim", "64", "--num_heads", "2", "--head_dim", "32", "--seq_len", "128",
                                   "--val_seq_len", "128", "--val_tokens", "128", "--bigram_vocab", "1000"]))
     sa, smear, backout, skip = model.lambdas()
-    assert sa.tolist() == [[0.5, 1.0]] * L and (smear.item(), backout.item(), skip.item()) == (0.0, 0.5, -1.5)
+    assert sa.tolist() == [[0.5, 1.0]] * L and (smear.item(), backout, skip.item()) == (0.0, None, -1.5)
+    # MUDD (2026-04-22 v3): output weights zero, input weights torch's Linear init, the biases of the last
+    # layer's weights at their old init and of the backout layer's source at -4.34, over the scale 0.2/sqrt(3)
+    mudd, scale = model.mudd, 0.2 / 3 ** 0.5
+    assert mudd.w_out.eq(0).all() and 0.9 * 64**-0.5 < mudd.w_in.float().abs().max() <= 64**-0.5
+    want = torch.zeros(2, 2, 8)
+    want[0, 0, 4] = want[0, 1, 4] = 1.1 ** 0.5 / scale
+    want[0, 0, 5] = want[0, 1, 5] = 1 / scale
+    want[0, 0, 7], want[1, 1, 1] = 0.05 / scale, -4.34
+    assert torch.equal(mudd.bias, want.bfloat16())
     # 2026-03-06_SimplifyHC: residual weights sqrt(1.1) per sublayer, output weights 1, x0's 0, the bigram's 0.05
     assert model.resid_lambdas.sub(1.1 ** 0.5).abs().max() < 1e-7 and model.post_lambdas.eq(1).all()
     assert model.x0_lambdas.eq(0).all() and model.bigram_lambdas.sub(0.05).abs().max() < 1e-8
@@ -981,7 +1030,7 @@ def test_full_size_model_has_the_record_parameters():
 def test_attention_and_value_gates_scale_each_head():
     """sigmoid(W x[:12]) per head multiplies that head's output before the output projection; 2 sigmoid(W' x[:12])
     per head multiplies the value embedding added to its values."""
-    cfg = record_layout_at_tiny_width()
+    cfg = record_layout_at_tiny_width(mudd=False)  # with MUDD the last layer's value gate is MUDD's
     attn = tg.GPT(cfg).blocks[10].attn
     rot = tg.Rotary(32, 512)
     attn.vo_w.data[1] = torch.eye(64)  # identity output projection: the gated heads show through
