@@ -207,7 +207,8 @@ MUTANTS = {
         ["tests/test_trust.py::test_checkpoints_are_checked_when_read"]),
     "unhealthy checkpoints called good": ("train_gpt.py", [
         ("    if healthy:\n        trainer.last_good_checkpoint", "    if True:\n        trainer.last_good_checkpoint")],
-        ["tests/test_trust.py::test_divergence_names_a_healthy_checkpoint_and_pruning_keeps_it"]),
+        ["tests/test_trust.py::test_a_run_that_does_not_learn_stops_naming_a_healthy_checkpoint_that_pruning_kept",
+         "tests/test_trust.py::test_a_checkpoint_is_healthy_only_if_its_weights_are"]),
     "no lock per run": ("train_gpt.py", [("        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n", "        pass\n")],
         ["tests/test_trust.py::test_a_second_launch_of_a_live_run_is_refused"]),
     "an abandoned future left in the live lineage": ("train_gpt.py", [
