@@ -88,6 +88,9 @@ MUTANTS = {
         ("m[..., 3].repeat_interleave(self.heads // 2, dim=-1)", "m[..., 3].repeat(1, 1, self.heads // 2)")], [REFERENCE]),
     "MUDD's last mix leaves out the skip's source": ("train_gpt.py", [
         ("second_last, ve[self.mudd_ve], skipped])", "second_last, ve[self.mudd_ve]])")], [REFERENCE]),
+    "MUDD's layout not checked": ("train_gpt.py", [
+        ("        if why:\n            raise UserError(f\"--mudd needs", "        if False:\n            raise UserError(f\"--mudd needs")],
+        ["tests/test_trust.py::test_bad_settings_are_refused_in_one_line"]),
     "MUDD's backout bias left at zero": ("train_gpt.py", [
         ("        bias[1, 1, 1] = MUDD_BACKOUT_BIAS\n", "")], [f"{T}::test_full_size_model_has_the_record_parameters"]),
     "residual and output weights swapped": ("train_gpt.py", [

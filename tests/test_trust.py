@@ -230,6 +230,8 @@ def test_a_failed_write_keeps_the_previous_checkpoint(sample_shards, tmp_path, m
     (["--val_tokens", "30720", "--num_steps", "2"], "val shards .* hold 28,231 tokens; --val_tokens asks for 30,720"),
     (["--long_window_layers", "0,9"], "--long_window_layers names layers \\[9\\], which do not exist"),
     (["--paired_head_layers", "1"], "layers \\[1\\] have no attention \\(--no_attn_layers\\) but paired heads"),
+    (["--backout_layer", "2"], "--mudd needs --backout_layer before layer 2; or pass --mudd 0"),
+    (["--no_attn_layers", "1,3", "--value_embeds=1,-1,0,-1"], "--mudd needs attention on the last layer \\(3\\); or pass --mudd 0"),
     (["--value_embeds", "0,1"], "--value_embeds takes one table number \\(or -1\\) per layer, 4 in all"),
     (["--skip", "2,1"], "--skip takes two layers FROM,TO with FROM before TO"),
     (["--extension_steps", "5", "--num_steps", "5"], "--extension_steps 5 leaves no scheduled steps"),
