@@ -2853,12 +2853,16 @@ def generate(argv) -> str:
     if problem:
         raise UserError(f"cannot read checkpoint {args.generate} ({problem}): pass one written by train_gpt.py "
                         f"--save_every")
+    # a checkpoint of another version (a model since changed by a ported record): say how to run that version
+    other = (f"; another version of train_gpt.py wrote it (its source sha256 starts {ckpt['source_sha256'][:16]}): "
+             f"sample with that version, which its run's log holds (python records/tool.py source LOG -o "
+             f"other_train_gpt.py)" if ckpt["source_sha256"] != source_sha256() else "")
     try:
         cfg = hyperparameters_from(ckpt["config"])
         check_config(dataclasses.replace(cfg, device=args.device))
     except (TypeError, UserError) as e:
         raise UserError(f"checkpoint {args.generate} holds settings this train_gpt.py cannot build a model from "
-                        f"({str(e).splitlines()[0]})") from None
+                        f"({str(e).splitlines()[0]}){other}") from None
     enc = gpt2_encoding()
     prompt = [BOS_ID, *enc.encode_ordinary(args.prompt)]
     limit = max(cfg.seq_len, cfg.val_seq_len)
@@ -2878,7 +2882,7 @@ def generate(argv) -> str:
         model.load_state_dict(ckpt["model"])
     except (RuntimeError, KeyError, ValueError, TypeError) as e:
         raise UserError(f"checkpoint {args.generate}: its weights do not fit the model its settings describe "
-                        f"({first_lines(e)})") from None
+                        f"({first_lines(e)}){other}") from None
     model.rotary.set_stages(long_window_stages(cfg.num_steps, cfg))
     windows = torch.tensor([w * MASK_BLOCK for w in windows_at(cfg.num_steps, cfg, final_val=True)],
                            dtype=torch.int32, device=device)

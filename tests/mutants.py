@@ -88,6 +88,10 @@ MUTANTS = {
         ("m[..., 3].repeat_interleave(self.heads // 2, dim=-1)", "m[..., 3].repeat(1, 1, self.heads // 2)")], [REFERENCE]),
     "MUDD's last mix leaves out the skip's source": ("train_gpt.py", [
         ("second_last, ve[self.mudd_ve], skipped])", "second_last, ve[self.mudd_ve]])")], [REFERENCE]),
+    "--generate does not say another version wrote the checkpoint": ("train_gpt.py", [
+        ('other_train_gpt.py)" if ckpt["source_sha256"] != source_sha256() else "")',
+         'other_train_gpt.py)" if False else "")')],
+        ["tests/test_trust.py::test_checkpoints_with_the_right_keys_and_wrong_contents"]),
     "MUDD's layout not checked": ("train_gpt.py", [
         ("        if why:\n            raise UserError(f\"--mudd needs", "        if False:\n            raise UserError(f\"--mudd needs")],
         ["tests/test_trust.py::test_bad_settings_are_refused_in_one_line"]),

@@ -231,7 +231,8 @@ def test_a_failed_write_keeps_the_previous_checkpoint(sample_shards, tmp_path, m
     (["--long_window_layers", "0,9"], "--long_window_layers names layers \\[9\\], which do not exist"),
     (["--paired_head_layers", "1"], "layers \\[1\\] have no attention \\(--no_attn_layers\\) but paired heads"),
     (["--backout_layer", "2"], "--mudd needs --backout_layer before layer 2; or pass --mudd 0"),
-    (["--no_attn_layers", "1,3", "--value_embeds=1,-1,0,-1"], "--mudd needs attention on the last layer \\(3\\); or pass --mudd 0"),
+    (["--no_attn_layers", "1,3", "--value_embeds=1,-1,0,-1"],
+     "--mudd needs attention on the last layer \\(3\\); or pass --mudd 0"),
     (["--value_embeds", "0,1"], "--value_embeds takes one table number \\(or -1\\) per layer, 4 in all"),
     (["--skip", "2,1"], "--skip takes two layers FROM,TO with FROM before TO"),
     (["--extension_steps", "5", "--num_steps", "5"], "--extension_steps 5 leaves no scheduled steps"),
@@ -554,8 +555,20 @@ def test_checkpoints_with_the_right_keys_and_wrong_contents(sample_shards, run6,
                                          "old_flag"):
         tg.main(resume_args(sample_shards, tmp_path / "logs", "--resume", str(tmp_path / "older.pt")))
     torch.save({**good, "config": {**good["config"], "model_dim": 128, "head_dim": 64}}, tmp_path / "misfit.pt")
-    with pytest.raises(SystemExit, match="its weights do not fit the model its settings describe"):
+    with pytest.raises(SystemExit, match="its weights do not fit the model its settings describe") as e:
         tg.main(["--generate", str(tmp_path / "misfit.pt"), "--prompt", "hi", "--device", "cpu"])
+    assert "another version" not in str(e.value)  # this version wrote it: its settings are what is wrong
+    # an older version's checkpoint (before --mudd, its backout layer where MUDD cannot work): which version to run
+    older = {**good, "source_sha256": "0" * 64, "config": {k: v for k, v in good["config"].items() if k != "mudd"}}
+    torch.save({**older, "config": {**older["config"], "backout_layer": 2}}, tmp_path / "older_gen.pt")
+    with pytest.raises(SystemExit, match="cannot build a model from .*another version of train_gpt.py wrote it "
+                                         "\\(its source sha256 starts 0000000000000000\\): sample with that "
+                                         "version.*records/tool.py source LOG") as e:
+        tg.main(["--generate", str(tmp_path / "older_gen.pt"), "--prompt", "hi", "--device", "cpu"])
+    assert "\n" not in str(e.value)
+    torch.save({**older, "config": {**older["config"], "model_dim": 128, "head_dim": 64}}, tmp_path / "older_misfit.pt")
+    with pytest.raises(SystemExit, match="do not fit the model .*another version of train_gpt.py wrote it"):
+        tg.main(["--generate", str(tmp_path / "older_misfit.pt"), "--prompt", "hi", "--device", "cpu"])
 
 
 def test_generate_on_a_cuda_device_without_one(run6, monkeypatch):
