@@ -7,8 +7,8 @@ train_gpt.py: train a GPT-2-small-class model on FineWeb .bin shards to val loss
     python train_gpt.py --preset smoke                         # a tiny model on CPU, on the shipped books
     python train_gpt.py --generate CKPT --prompt "Once"        # sample from a checkpoint (--generate --help)
 
-The recipe is the NanoGPT speedrun's record of 2026-04-22 (MuddFormer: 1415 steps, batches growing from 131,072 to
-393,216 tokens); the map below names where each of its tricks lives.
+The recipe is the NanoGPT speedrun's record of 2026-05-07 (XSAGatedLayers, on 2026-04-22's MUDD: 1385 steps,
+batches growing from 131,072 to 393,216 tokens); the map below names where each of its tricks lives.
 Each run writes logs/<run_id>.txt, which starts with this file's source and the environment, so a log is enough
 to re-run and diff it; a resumed run appends to it. Sections, in order: config and schedules, model, optimizer,
 data, training, checkpoints, sampling, main, and last the hand-written GPU kernels ("GPU fast paths"), each with
@@ -59,6 +59,8 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #              mix x0 and layers 7, 9, 3 and the first value embedding into   (2026-04-22_MuddFormer, its v3;
 #              the stream; layer 9's also give layer 10 an addition to v, its  1405 + 10 steps)
 #              value-embedding gate and its stream weights, per token
+#            gated XSA: on layers 1, 3, 4, 7, 8, 10 (no paired heads) each     Attention.xsa_w, Attention.forward
+#              head's output less tanh(a) x its part along its own value .... (2026-05-07_XSAGatedLayers; 1375 + 10)
 #            attention output gates, ReLU^2, QK-norm, RoPE on half the dims .. Attention, MLP, norm_rotary_qk
 #   optim    NorMuon: Polar Express orthogonalization, per-neuron 2nd moment . polar_express, normuon_update
 #                                                                               (2025-09-29_PolarExpress, 2025-10-24)
@@ -81,7 +83,10 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #            head's kernels), 2026-03-22_VarlenMaxDocs' document-count buffers (FlashAttention-3's varlen input;
 #            its Muon beta2 is ported)
 #   left out: 2026-02-10_ShortWindow's short windows of 2 blocks in the third stage: the records after it
-#            (2026-02-12 on) keep 5, as here
+#            (2026-02-12 on) keep 5, as here. The speedrun's master that joined 2026-05-07's XSA with MUDD (the
+#            1385-step baseline of 2026-05-27-MuddGatedAndDC) also re-parametrized MUDD (one MLP of 14 outputs at
+#            layer 10's start, scale 0.1) and gave paired-head layers' value gates [x[:6], ve[:6]]: no record
+#            README names these; they wait for one that does
 #   skipped, superseded: 2026-02-12_ParallelResiduals' two residual lanes and 2026-02-16_FlattenForward's
 #            one-lane layers without post-attention weights (its other changes are kernels and code layout):
 #            2026-03-06_SimplifyHC replaced both with one lane, every sublayer weighted, and the backout layer's
@@ -194,7 +199,8 @@ class Hyperparameters:
                             "training (only rounding moves), fewer passes for more memory. 0 = auto: "
                             f"{AUTO_MICRO_BATCH} where that divides them, else 1")
     # schedule
-    num_steps: int = H(1415, "optimizer steps (record 2026-04-22_MuddFormer: 1405 scheduled + 10 extension)")
+    num_steps: int = H(1385, "optimizer steps: 1375 scheduled + 10 extension (record 2026-05-07_XSAGatedLayers: "
+                             "30 fewer than its base; the speedrun's master with it and MUDD ran 1385)")
     extension_steps: int = H(10, "the last steps, trained at the final lr, window and batch (record 2026-04-22; "
                                  "40 before)")
     cooldown_frac: float = H(0.60, "last fraction of the scheduled steps over which lr falls linearly to 0.15x")
@@ -233,6 +239,8 @@ class Hyperparameters:
                               "output also subtracts a learned multiple of it (record 2025-10-04)")
     mudd: bool = H(True, "MUDD connections: the last layers mix earlier layers' outputs with per-token weights "
                          "(record 2026-04-22_MuddFormer)")
+    xsa: bool = H(True, "gated XSA: attention layers without paired heads take out a learned share of each head's "
+                        "output along its own value (record 2026-05-07_XSAGatedLayers)")
     bigram_vocab: int = H(5 * 50304, "rows of the bigram hash embedding; 0 = none (record: 5 x 50,304)")
     fp8_head: bool = H(True, "lm_head matmuls in FP8 while training (e4m3 forward, e5m2 grads); bf16 in eval")
     flex_tiles: str = H("auto", "FlexAttention's Triton tiles: default, small (fits GPUs with 99 KiB shared memory "
@@ -289,6 +297,7 @@ ADAM_GROUPS = {
     "gates": AdamGroup(1.0, 1.0, (0.9, 0.99)),        # attention output and value-embedding gates
     "smear": AdamGroup(0.01, 0.0, (0.9, 0.99)),       # smear gate
     "skip": AdamGroup(0.05, 0.0, (0.9, 0.99)),        # skip gate
+    "xsa": AdamGroup(1.0, 0.0, (0.9, 0.95)),          # XSA's per-head shares (2026-05-07_XSAGatedLayers)
     "mudd": AdamGroup(0.25, 1.0, (0.9, 0.99)),        # MUDD's MLPs (2026-04-22_MuddFormer)
     "mudd_bias": AdamGroup(0.25, 0.0, (0.9, 0.99)),   # and their biases
 }
@@ -921,7 +930,7 @@ def qk_group_heads(num_heads: int) -> int:
 
 class Attention(nn.Module):
     def __init__(self, dim: int, num_heads: int, head_dim: int, has_ve: bool, paired: bool, key_offset: bool,
-                 ve_gate: bool = True):
+                 ve_gate: bool = True, xsa: bool = False):
         super().__init__()
         self.num_heads, self.head_dim, self.paired, self.key_offset = num_heads, head_dim, paired, key_offset
         # all four at the MLP's scale, the output projection too (record 2026-01-30: attention contributes from
@@ -937,6 +946,9 @@ class Attention(nn.Module):
         # reads x[:12], as before that record. The last layer's comes from MUDD (ve_gate=False)
         self.ve_gate_w = (nn.Parameter(torch.zeros(num_heads, GATE_DIMS, dtype=torch.bfloat16)) if has_ve and ve_gate
                           else None)
+        # per head, tanh(xsa_w) of its output along its own value is taken out (0 at the zero init; record
+        # 2026-05-07_XSAGatedLayers, after arXiv:2603.09078); not on paired heads, whose values interleave
+        self.xsa_w = nn.Parameter(torch.zeros(num_heads)) if xsa and not paired else None
 
     def forward(self, x: Tensor, ve, mask, rot: Rotary, sa: Tensor, flex_options, mudd=None) -> Tensor:
         """x: the block's normed input (B, T, dim); sa: this layer's (value, output) scales; mudd: (what MUDD
@@ -959,6 +971,9 @@ class Attention(nn.Module):
         if self.paired:  # heads 0..H/2-1 of token t at position 2t of a twice-as-long sequence, the others at 2t+1
             q, k, v = (t.reshape(B, 2 * T, H // 2, D) for t in (q, k, v))
         y = attention(q, k, v, mask, flex_options).reshape(B, T, H, D)
+        if self.xsa_w is not None:
+            unit_v = F.normalize(v, dim=-1, eps=1e-4)
+            y = y - torch.tanh(self.xsa_w).type_as(y)[:, None] * (y * unit_v).sum(-1, keepdim=True) * unit_v
         y = (y * gate(x, self.gate_w)[..., None]).reshape(B, T, H * D)
         return sa[1] * mm(y, self.vo_w[1].type_as(y).mT)
 
@@ -980,7 +995,8 @@ class Block(nn.Module):
         self.long_window, self.paired = i in cfg.long_window_layers, i in cfg.paired_head_layers
         self.attn = None if i in cfg.no_attn_layers else Attention(
             cfg.model_dim, cfg.num_heads, cfg.head_dim, cfg.value_embeds[i] >= 0, self.paired,
-            key_offset=self.long_window and not self.paired, ve_gate=not (cfg.mudd and i == cfg.num_layers - 1))
+            key_offset=self.long_window and not self.paired, ve_gate=not (cfg.mudd and i == cfg.num_layers - 1),
+            xsa=cfg.xsa)
         self.mlp = MLP(cfg.model_dim)
 
     def forward(self, x: Tensor, x0: Tensor, bigram, attn_in, mix, ve, masks: dict, rot: Rotary,
@@ -1308,6 +1324,7 @@ def param_groups(model: GPT) -> tuple[dict, dict]:
             "gates": [w for b in blocks if b.attn is not None for w in (b.attn.gate_w, b.attn.ve_gate_w)
                       if w is not None],
             "smear": [model.smear_gate_w], "skip": [model.skip_gate_w],
+            "xsa": [b.attn.xsa_w for b in blocks if b.attn is not None and b.attn.xsa_w is not None],
             "mudd": [model.mudd.w_in, model.mudd.w_out] if model.mudd else [],
             "mudd_bias": [model.mudd.bias] if model.mudd else []}
     muon, adam = ({k: v for k, v in g.items() if v} for g in (muon, adam))
@@ -2084,7 +2101,8 @@ def parameter_counts(cfg: Hyperparameters) -> tuple[int, int]:
     mudd = (2 * MUDD_HIDDEN * d + 2 * MUDD_HIDDEN * 2 * MUDD_COLS + 2 * 2 * MUDD_COLS) if cfg.mudd else 0
     bf16 = ((2 + max(cfg.value_embeds) + 1) * V + cfg.bigram_vocab) * d + \
         (len(attn) + len(with_ve)) * heads * GATE_DIMS + 2 * GATE_DIMS + mudd
-    fp32 = L * 8 * d * d + len(attn) * 4 * d * d + (8 if cfg.bigram_vocab else 7) * L + (2 if cfg.mudd else 3)
+    xsa = len([i for i in attn if i not in cfg.paired_head_layers]) * heads if cfg.xsa else 0
+    fp32 = L * 8 * d * d + len(attn) * 4 * d * d + (8 if cfg.bigram_vocab else 7) * L + (2 if cfg.mudd else 3) + xsa
     return bf16, fp32
 
 

@@ -92,6 +92,14 @@ MUTANTS = {
         ('other_train_gpt.py)" if ckpt["source_sha256"] != source_sha256() else "")',
          'other_train_gpt.py)" if False else "")')],
         ["tests/test_trust.py::test_checkpoints_with_the_right_keys_and_wrong_contents"]),
+    "XSA's share without its tanh": ("train_gpt.py", [
+        ("            y = y - torch.tanh(self.xsa_w).type_as(y)[:, None]", "            y = y - self.xsa_w.type_as(y)[:, None]")],
+        [REFERENCE]),
+    "XSA along the value unnormalized": ("train_gpt.py", [
+        ("            unit_v = F.normalize(v, dim=-1, eps=1e-4)\n", "            unit_v = v\n")], [REFERENCE]),
+    "XSA on paired heads too (their values interleaved)": ("train_gpt.py", [
+        ("torch.zeros(num_heads)) if xsa and not paired else None", "torch.zeros(num_heads)) if xsa else None")],
+        [f"{T}::test_full_size_model_has_the_record_parameters"]),
     "MUDD's layout not checked": ("train_gpt.py", [
         ("        if why:\n            raise UserError(f\"--mudd needs", "        if False:\n            raise UserError(f\"--mudd needs")],
         ["tests/test_trust.py::test_bad_settings_are_refused_in_one_line"]),
