@@ -60,7 +60,9 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #              the stream; layer 9's also give layer 10 an addition to v, its  1405 + 10 steps)
 #              value-embedding gate and its stream weights, per token
 #            gated XSA: on layers 1, 3, 4, 7, 8, 10 (no paired heads) each     Attention.xsa_w, Attention.forward
-#              head's output less tanh(a) x its part along its own value .... (2026-05-07_XSAGatedLayers; 1375 + 10)
+#              head's output less tanh(a) x its part along its own value .... (2026-05-07_XSAGatedLayers, the
+#                                                                               change of 2026-04-29's logs too;
+#                                                                               1375 + 10)
 #            attention output gates, ReLU^2, QK-norm, RoPE on half the dims .. Attention, MLP, norm_rotary_qk
 #   optim    NorMuon: Polar Express orthogonalization, per-neuron 2nd moment . polar_express, normuon_update
 #                                                                               (2025-09-29_PolarExpress, 2025-10-24)
