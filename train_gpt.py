@@ -501,10 +501,11 @@ def check_layout(cfg: Hyperparameters):
     if cfg.paired_head_layers and cfg.num_heads % 2:
         raise UserError(f"--paired_head_layers needs an even --num_heads (it is {cfg.num_heads})")
     if cfg.mudd:
-        why = ("at least 3 layers" if L < 3 else f"attention on the last layer ({L - 1})" if L - 1 in cfg.no_attn_layers
-               else f"--backout_layer before layer {L - 2}" if cfg.backout_layer >= L - 2
-               else "a value embedding (--value_embeds)" if max(cfg.value_embeds) < 0
-               else "an even --num_heads" if cfg.num_heads % 2 else None)
+        unmet = [(L < 3, "at least 3 layers"), (L - 1 in cfg.no_attn_layers, f"attention on the last layer ({L - 1})"),
+                 (cfg.backout_layer >= L - 2, f"--backout_layer before layer {L - 2}"),
+                 (max(cfg.value_embeds) < 0, "a value embedding (--value_embeds)"),
+                 (cfg.num_heads % 2, "an even --num_heads")]
+        why = next((need for broken, need in unmet if broken), None)
         if why:
             raise UserError(f"--mudd needs {why}; or pass --mudd 0")
 
@@ -930,9 +931,20 @@ def qk_group_heads(num_heads: int) -> int:
     return 2 if num_heads % 2 == 0 else 1
 
 
+def own_ve_gate(cfg: "Hyperparameters", i: int) -> bool:
+    """Layer i gates its value embedding with weights of its own: it has one, and it is not MUDD's last layer
+    (whose gate MUDD makes)."""
+    return cfg.value_embeds[i] >= 0 and not (cfg.mudd and i == cfg.num_layers - 1)
+
+
+def has_xsa(cfg: "Hyperparameters", i: int) -> bool:
+    """Layer i's attention has XSA's per-head shares: not on paired heads, whose values interleave."""
+    return cfg.xsa and i not in cfg.paired_head_layers
+
+
 class Attention(nn.Module):
-    def __init__(self, dim: int, num_heads: int, head_dim: int, has_ve: bool, paired: bool, key_offset: bool,
-                 ve_gate: bool = True, xsa: bool = False):
+    def __init__(self, dim: int, num_heads: int, head_dim: int, ve_gate: bool, paired: bool, key_offset: bool,
+                 xsa: bool = False):
         super().__init__()
         self.num_heads, self.head_dim, self.paired, self.key_offset = num_heads, head_dim, paired, key_offset
         # all four at the MLP's scale, the output projection too (record 2026-01-30: attention contributes from
@@ -946,11 +958,10 @@ class Attention(nn.Module):
         # per head, 2 sigmoid(ve_gate_w @ [x[:6], ve[:6]]) scales the value embedding ve added to v (1 at the zero
         # init): the gate sees the embedding it scales (record 2026-02-03_VeTuned); on paired-head layers it
         # reads x[:12], as before that record. The last layer's comes from MUDD (ve_gate=False)
-        self.ve_gate_w = (nn.Parameter(torch.zeros(num_heads, GATE_DIMS, dtype=torch.bfloat16)) if has_ve and ve_gate
-                          else None)
+        self.ve_gate_w = nn.Parameter(torch.zeros(num_heads, GATE_DIMS, dtype=torch.bfloat16)) if ve_gate else None
         # per head, tanh(xsa_w) of its output along its own value is taken out (0 at the zero init; record
-        # 2026-05-07_XSAGatedLayers, after arXiv:2603.09078); not on paired heads, whose values interleave
-        self.xsa_w = nn.Parameter(torch.zeros(num_heads)) if xsa and not paired else None
+        # 2026-05-07_XSAGatedLayers, after arXiv:2603.09078)
+        self.xsa_w = nn.Parameter(torch.zeros(num_heads)) if xsa else None
 
     def forward(self, x: Tensor, ve, mask, rot: Rotary, sa: Tensor, flex_options, mudd=None) -> Tensor:
         """x: the block's normed input (B, T, dim); sa: this layer's (value, output) scales; mudd: (what MUDD
@@ -996,9 +1007,8 @@ class Block(nn.Module):
         super().__init__()
         self.long_window, self.paired = i in cfg.long_window_layers, i in cfg.paired_head_layers
         self.attn = None if i in cfg.no_attn_layers else Attention(
-            cfg.model_dim, cfg.num_heads, cfg.head_dim, cfg.value_embeds[i] >= 0, self.paired,
-            key_offset=self.long_window and not self.paired, ve_gate=not (cfg.mudd and i == cfg.num_layers - 1),
-            xsa=cfg.xsa)
+            cfg.model_dim, cfg.num_heads, cfg.head_dim, own_ve_gate(cfg, i), self.paired,
+            key_offset=self.long_window and not self.paired, xsa=has_xsa(cfg, i))
         self.mlp = MLP(cfg.model_dim)
 
     def forward(self, x: Tensor, x0: Tensor, bigram, attn_in, mix, ve, masks: dict, rot: Rotary,
@@ -2099,11 +2109,11 @@ def parameter_counts(cfg: Hyperparameters) -> tuple[int, int]:
     which would cost a second of imports at every launch)."""
     V, d, L, heads = cfg.vocab_size, cfg.model_dim, cfg.num_layers, cfg.num_heads
     attn = [i for i in range(L) if i not in cfg.no_attn_layers]
-    with_ve = [i for i in attn if cfg.value_embeds[i] >= 0 and not (cfg.mudd and i == L - 1)]  # gates of their own
+    ve_gates = [i for i in attn if own_ve_gate(cfg, i)]
     mudd = (2 * MUDD_HIDDEN * d + 2 * MUDD_HIDDEN * 2 * MUDD_COLS + 2 * 2 * MUDD_COLS) if cfg.mudd else 0
     bf16 = ((2 + max(cfg.value_embeds) + 1) * V + cfg.bigram_vocab) * d + \
-        (len(attn) + len(with_ve)) * heads * GATE_DIMS + 2 * GATE_DIMS + mudd
-    xsa = len([i for i in attn if i not in cfg.paired_head_layers]) * heads if cfg.xsa else 0
+        (len(attn) + len(ve_gates)) * heads * GATE_DIMS + 2 * GATE_DIMS + mudd
+    xsa = sum(has_xsa(cfg, i) for i in attn) * heads
     fp32 = L * 8 * d * d + len(attn) * 4 * d * d + (8 if cfg.bigram_vocab else 7) * L + (2 if cfg.mudd else 3) + xsa
     return bf16, fp32
 

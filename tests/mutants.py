@@ -98,8 +98,11 @@ MUTANTS = {
     "XSA along the value unnormalized": ("train_gpt.py", [
         ("            unit_v = F.normalize(v, dim=-1, eps=1e-4)\n", "            unit_v = v\n")], [REFERENCE]),
     "XSA on paired heads too (their values interleaved)": ("train_gpt.py", [
-        ("torch.zeros(num_heads)) if xsa and not paired else None", "torch.zeros(num_heads)) if xsa else None")],
+        ("    return cfg.xsa and i not in cfg.paired_head_layers\n", "    return cfg.xsa\n")],
         [f"{T}::test_full_size_model_has_the_record_parameters"]),
+    "MUDD's last layer keeps a value gate of its own": ("train_gpt.py", [
+        ("    return cfg.value_embeds[i] >= 0 and not (cfg.mudd and i == cfg.num_layers - 1)\n",
+         "    return cfg.value_embeds[i] >= 0\n")], [f"{T}::test_full_size_model_has_the_record_parameters"]),
     "MUDD's layout not checked": ("train_gpt.py", [
         ("        if why:\n            raise UserError(f\"--mudd needs", "        if False:\n            raise UserError(f\"--mudd needs")],
         ["tests/test_trust.py::test_bad_settings_are_refused_in_one_line"]),
