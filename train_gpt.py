@@ -64,6 +64,8 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #                                                                               change of 2026-04-29's logs too;
 #                                                                               1375 + 10)
 #            attention output gates, ReLU^2, QK-norm, RoPE on half the dims .. Attention, MLP, norm_rotary_qk
+#              ReLU^2 in its matmul's epilogue on H100/H200 ................... relu_square_mlp
+#                                                                               (2026-01-10_FusedLinearReLUSquare)
 #   optim    NorMuon: Polar Express orthogonalization, per-neuron 2nd moment . polar_express, normuon_update
 #                                                                               (2025-09-29_PolarExpress, 2025-10-24)
 #              its decay 0.9 (2026-03-22_VarlenMaxDocs; 0.95 before) ......... Hyperparameters.muon_beta2
@@ -117,6 +119,7 @@ import contextlib
 import copy
 import dataclasses
 import errno
+import functools
 import glob
 import hashlib
 import itertools
@@ -245,6 +248,8 @@ class Hyperparameters:
                         "output along its own value (record 2026-05-07_XSAGatedLayers)")
     bigram_vocab: int = H(5 * 50304, "rows of the bigram hash embedding; 0 = none (record: 5 x 50,304)")
     fp8_head: bool = H(True, "lm_head matmuls in FP8 while training (e4m3 forward, e5m2 grads); bf16 in eval")
+    mlp_kernel: bool = H(True, "on H100/H200 the MLP's first matmul squares its ReLU in its epilogue, one Triton "
+                                "kernel each way (the same function); 0: cuBLAS and a compiled ReLU^2")
     flex_tiles: str = H("auto", "FlexAttention's Triton tiles: default, small (fits GPUs with 99 KiB shared memory "
                                 "per block, e.g. RTX 3090/4090), or auto: small below 160 KiB, a faster forward "
                                 "tile on H100/H200")
@@ -313,11 +318,14 @@ class KernelSettings:
     ce_tiles: tuple = (8, 512, 8)        # softcapped CE: rows, vocab columns per tile, warps
     ce_tanh_approx: bool = True          # the cap's tanh as one tanh.approx op (records/2026-12-03_speed2-h200)
     transpose_tile: tuple = (64, 128)    # fp8 transpose tile (records/2026-12-03_speed-h200)
+    mlp_tiles: tuple = None              # the MLP's fused ReLU^2 matmul (relu_square_mlp): its forward's tile,
+                                         # then its backward's (MLP_TILE each); None: cuBLAS + compiled ReLU^2
 
 
 # settings that may differ between a checkpoint and the run resuming it: none of them changes the training
 RESUME_FREE = ("log_dir", "run_id", "val_every", "save_every", "keep_last", "warmup_steps", "resume",
-               "target_val_loss", "stop_at_target", "profile_steps", "flex_tiles", "micro_batch", "stop_at")
+               "target_val_loss", "stop_at_target", "profile_steps", "flex_tiles", "mlp_kernel", "micro_batch",
+               "stop_at")
 # and these may change on resume too, logged: lower rates are how a diverged run continues from a checkpoint
 RESUME_ADJUSTABLE = ("muon_lr", "adam_lr", "lr_stage_scales")
 RUN_ID_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # a plain file name; 200 leaves room for _step...
@@ -655,6 +663,10 @@ try:  # Triton comes with CUDA builds of torch; elsewhere every op runs its torc
     import triton.language as tl
 except ImportError:
     triton = None
+try:  # host-side tensor descriptors (recent Triton releases), for the fused ReLU^2 matmul
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:
+    TensorDescriptor = None
 
 
 def on_gpu(t: Tensor) -> bool:
@@ -992,24 +1004,28 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, dim: int):
+    def __init__(self, dim: int, kernels: KernelSettings = None):
         super().__init__()
         # both stored (4 dim, dim), as the record's: Muon's shape factor sqrt(rows/cols) is 2 for both
         self.fc_w = nn.Parameter(init_uniform((4 * dim, dim), 0.5 * dim**-0.5))
         self.proj_w = nn.Parameter(torch.zeros(4 * dim, dim))
+        self.kernels = kernels or KernelSettings()
 
     def forward(self, x: Tensor) -> Tensor:
-        return mm(F.relu(mm(x, self.fc_w.type_as(x).mT)).square(), self.proj_w.type_as(x))  # ReLU^2
+        fc_w, proj_w, tiles = self.fc_w.type_as(x), self.proj_w.type_as(x), self.kernels.mlp_tiles
+        if tiles and on_gpu(x) and x.dtype == torch.bfloat16:  # the same function, ReLU^2 in the matmul's epilogue
+            return relu_square_mlp(x, fc_w, proj_w, [*tiles[0], *tiles[1]])[0]
+        return mm(F.relu(mm(x, fc_w.mT)).square(), proj_w)  # ReLU^2
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: "Hyperparameters", i: int):
+    def __init__(self, cfg: "Hyperparameters", i: int, kernels: KernelSettings = None):
         super().__init__()
         self.long_window, self.paired = i in cfg.long_window_layers, i in cfg.paired_head_layers
         self.attn = None if i in cfg.no_attn_layers else Attention(
             cfg.model_dim, cfg.num_heads, cfg.head_dim, own_ve_gate(cfg, i), self.paired,
             key_offset=self.long_window and not self.paired, xsa=has_xsa(cfg, i))
-        self.mlp = MLP(cfg.model_dim)
+        self.mlp = MLP(cfg.model_dim, kernels)
 
     def forward(self, x: Tensor, x0: Tensor, bigram, attn_in, mix, ve, masks: dict, rot: Rotary,
                 sa: Tensor, flex_options=None, skip=None, mudd=None) -> Tensor:
@@ -1198,7 +1214,7 @@ class GPT(nn.Module):
         self.value_embeds = nn.ModuleList(nn.Embedding(V, dim, _weight=(torch.randn(V, dim) * VE_INIT_STD).bfloat16())
                                           for _ in range(max(cfg.value_embeds) + 1))
         self.rotary = Rotary(cfg.head_dim, 2 * max(cfg.seq_len, cfg.val_seq_len))
-        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(L))
+        self.blocks = nn.ModuleList(Block(cfg, i, self.kernels) for i in range(L))
         self.smear_gate_w = nn.Parameter(torch.zeros(1, GATE_DIMS, **bf16))
         self.skip_gate_w = nn.Parameter(torch.zeros(1, GATE_DIMS, **bf16))
         # attention value and output weights (0.5, 1) per layer; smear (0), backout (0.5; none with MUDD, whose
@@ -2173,6 +2189,8 @@ def build(cfg: Hyperparameters) -> Trainer:
         kernels.flex_options = choose_flex_tiles(cfg.flex_tiles, smem, torch.cuda.get_device_capability(device))
         if kernels.flex_options == FLEX_SMALL_TILES and cfg.flex_tiles == "auto":
             notes.append(log_line(note="flex_small_tiles", why=f"{smem // 1024}KiB_shared_memory_per_block"))
+        if cfg.mlp_kernel and tuple(torch.cuda.get_device_capability(device)) == (9, 0) and TensorDescriptor:
+            kernels.mlp_tiles = MLP_HOPPER_TILES
     ckpt = read_checkpoint(cfg, comm) if cfg.resume else None
     # a resumed run keeps its run_id, and so its log, unless told otherwise
     run_id = cfg.run_id or (ckpt or {}).get("run_id") or str(uuid.uuid4())
@@ -2343,9 +2361,10 @@ def warm_up(trainer: Trainer):
 
 # GPU kernels by name, first match wins: where a step's time goes (--profile_steps). cuBLAS names its FP8
 # GEMMs nvjet_sm90_q*; torch's copy kernels (float8_copy_kernel_cuda, ...) are copies, not FP8 GEMMs.
-KERNEL_CATEGORIES = [("copies and fills", r"[Mm]emcpy|[Mm]emset|copy_kernel|[Ff]ill"),
+# a compiled kernel named for a masked_fill it fused is compiled glue, not a fill
+KERNEL_CATEGORIES = [("copies and fills", r"^(?!triton_).*([Mm]emcpy|[Mm]emset|copy_kernel|[Ff]ill)"),
                      ("softcap CE + fp8 transposes", r"_softcap_ce|_transpose_bytes"),
-                     ("QK-norm + rotary", r"_qk_norm_rotary"),
+                     ("QK-norm + rotary", r"_qk_norm_rotary"), ("ReLU^2 GEMM (fused)", r"_relu_square_mm"),
                      ("FlexAttention", r"flex|triton_tem"),
                      ("FP8 GEMM", r"nvjet_sm90_q|e4m3|e5m2"), ("bf16 GEMM", r"gemm|xmma|cutlass|nvjet|cublas"),
                      ("NCCL", r"nccl"), ("Triton fused (compiled)", r"triton"), ("other", r"")]
@@ -2358,7 +2377,7 @@ def kernel_category(kernel: str) -> str:
 @contextlib.contextmanager
 def profiled(trainer: Trainer, step: int):
     """Under --profile_steps A,B: torch.profiler from train step A through B, then a table of GPU time per
-    kernel category and the 25 costliest kernels, per step, in <log_dir>/<run_id>_profile.txt."""
+    kernel category and the 40 costliest kernels, per step, in <log_dir>/<run_id>_profile.txt."""
     first, last = trainer.cfg.profile_steps or (-1, -1)
     if step == first and trainer.device.type == "cuda":
         trainer.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
@@ -2382,7 +2401,7 @@ def profiled(trainer: Trainer, step: int):
                  f"host); step_avg so far {trainer.clock.ms / max(trainer.step, 1):.1f} ms"]
         lines += [f"{name:<26} {ms:9.2f} ms" for name, ms in by_category.items()]
         lines += ["", "costliest kernels (ms per step):"]
-        lines += [f"{ms:9.2f}  {key[:150]}" for key, ms in sorted(kernels, key=lambda k: -k[1])[:25]]
+        lines += [f"{ms:9.2f}  {key[:150]}" for key, ms in sorted(kernels, key=lambda k: -k[1])[:40]]
         if trainer.comm.rank == 0:
             path = Path(trainer.cfg.log_dir) / f"{trainer.run_id}_profile.txt"
             path.write_text("\n".join(lines) + "\n")
@@ -3070,6 +3089,12 @@ def main(argv=None):
 QK_ROWS = 32      # (token, head) rows per program of the QK-norm + rotary kernels: 16 to 64 timed the same
 ACC_BLOCK = 4096  # elements per program of the fp32 grad accumulate
 FP32_EPS = torch.finfo(torch.float32).eps  # F.rms_norm's default eps for bf16 input, which it normalizes in fp32
+# a launch of the fused ReLU^2 matmul: a tile of rows x columns outputs, depth deep; warps; pipeline stages;
+# the epilogue's stores in this many column blocks; warp specialization (1) or not (0)
+MLP_TILE = ("rows", "columns", "depth", "warps", "stages", "store_split", "warp_specialize")
+# forward's and backward's (KernelSettings.mlp_tiles): the fastest of 13 launches each on an H100
+# (records/2026-12-05_mlpfuse-h100, records/bench/mlpbench.py)
+MLP_HOPPER_TILES = ((128, 256, 64, 8, 4, 4, 0), (128, 256, 64, 8, 3, 2, 1))
 
 
 def softcap_ce_grad(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float, launch=(8, 512, 8, 64, 128),
@@ -3163,6 +3188,87 @@ def _fp8_head_grad(ctx, grad_loss, *_):
 
 
 fp8_head_loss.register_autograd(_fp8_head_grad, setup_context=_fp8_head_setup)
+
+
+# The ReLU^2 MLP with its activation in the first matmul's epilogue, each way: compiled, relu(pre)^2 and its grad
+# were separate passes over the (tokens, 4 dim) activations, 43 ms of a 24-micro-step step on an H100
+# (records/2026-12-05_xsa-h100/profiles). The speedrun fuses it since its record 2026-01-10_FusedLinearReLUSquare.
+
+@torch.library.custom_op("train_gpt::relu_square_mlp", mutates_args=())
+def relu_square_mlp(x: Tensor, fc_w: Tensor, proj_w: Tensor, tiles: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+    """MLP.forward's relu(x @ fc_w.T)^2 @ proj_w for x (..., dim) and weights (4 dim, dim), of one dtype:
+    returns (output, pre, post), pre the first matmul's output and post = relu(pre)^2, which backward reads.
+    On GPU one kernel makes pre and post (relu_square_mm); tiles: KernelSettings.mlp_tiles, forward's and
+    backward's MLP_TILE end to end."""
+    x2 = x.reshape(-1, x.size(-1))
+    pre, post = relu_square_mm(x2, fc_w, None, tiles[:len(MLP_TILE)])
+    return mm(post, proj_w).reshape(x.shape), pre, post
+
+
+@relu_square_mlp.register_fake
+def _(x, fc_w, proj_w, tiles):
+    rows = x.numel() // x.size(-1)
+    return x.new_empty(x.shape), x.new_empty(rows, fc_w.size(0)), x.new_empty(rows, fc_w.size(0))
+
+
+@torch.library.custom_op("train_gpt::relu_square_grad", mutates_args=())
+def relu_square_grad(g: Tensor, proj_w: Tensor, pre: Tensor, tile: list[int]) -> Tensor:
+    """The grad of pre from g, the output's grad (rows, dim): 2 relu(pre) (g @ proj_w.T), the matmul rounded to
+    the dtype as a GEMM writes it, the rest in fp32 with one rounding (what the compiled ReLU^2's backward does);
+    on GPU in one kernel."""
+    return relu_square_mm(g, proj_w, pre, tile)
+
+
+@relu_square_grad.register_fake
+def _(g, proj_w, pre, tile):
+    return pre.new_empty(pre.shape)
+
+
+def _relu_square_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], inputs[1], inputs[2], *output[1:])
+    ctx.tiles = inputs[3]
+    ctx.set_materialize_grads(False)  # pre's and post's grads are never used: no zeros made for them
+
+
+def _relu_square_backward(ctx, g, *_):
+    x, fc_w, proj_w, pre, post = ctx.saved_tensors
+    g2, x2 = g.reshape(-1, g.size(-1)), x.reshape(-1, x.size(-1))
+    dpre = relu_square_grad(g2, proj_w, pre, ctx.tiles[len(MLP_TILE):])
+    return mm(dpre, fc_w).reshape(x.shape), mm(dpre.mT, x2), mm(post.mT, g2), None
+
+
+relu_square_mlp.register_autograd(_relu_square_backward, setup_context=_relu_square_setup)
+
+
+def relu_square_mm(a: Tensor, b: Tensor, pre, tile) -> tuple[Tensor, Tensor] | Tensor:
+    """s = a @ b.T for a (rows, k) and b (n, k), then, without pre: (s, relu(s)^2); with pre (rows, n):
+    2 relu(pre) s. The GPU kernel rounds s to bf16 first, as cuBLAS writes it, and squares or multiplies in fp32;
+    its tensor descriptors need rows of a multiple of 16 bytes."""
+    if on_gpu(a) and a.dtype == torch.bfloat16 and a.size(1) % 8 == 0 and b.size(0) % 8 == 0:
+        return _relu_square_mm_cuda(a.contiguous(), b.contiguous(), pre, tile)
+    s = mm(a, b.mT)
+    f = torch.promote_types(s.dtype, torch.float32)  # bf16's in fp32, float64's in float64
+    if pre is None:
+        return s, F.relu(s.to(f)).square().to(s.dtype)
+    return (2 * F.relu(pre.to(f)) * s.to(f)).to(s.dtype)
+
+
+@functools.cache
+def sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _relu_square_mm_cuda(a: Tensor, b: Tensor, pre, tile):
+    (M, K), N = a.shape, b.size(0)
+    bm, bn, bk, warps, stages, split, ws = tile
+    out = a.new_empty(M, N)
+    aux = a.new_empty(M, N) if pre is None else pre.contiguous()
+    programs = min(sm_count(a.device.index), triton.cdiv(M, bm) * triton.cdiv(N, bn))
+    descs = (TensorDescriptor.from_tensor(t, block) for t, block in
+             ((a, [bm, bk]), (b, [bn, bk]), (out, [bm, bn // split]), (aux, [bm, bn // split])))
+    _relu_square_mm_kernel[(programs,)](*descs, M, N, K, PROGRAMS=programs, BM=bm, BN=bn, BK=bk, SPLIT=split,
+                                        WS=bool(ws), FORWARD=pre is None, num_warps=warps, num_stages=stages)
+    return (out, aux) if pre is None else out
 
 
 # QK-norm and RoPE of q and k (norm, then rotary) as one op on GPU, a hand-written kernel each way: twice as fast
@@ -3302,6 +3408,46 @@ if triton is not None:
             g = dc * (1.0 - th * th) * (inv_grad_s * CAP / (4.0 * DIV))
             g = tl.minimum(tl.maximum(g, -TOP), TOP).to(tl.float8e5)
             tl.store(g_ptr + rows[:, None] * V + cols[None, :], g, mask=inside)
+
+    @triton.jit
+    def _relu_square_mm_kernel(a_desc, b_desc, c_desc, aux_desc, M, N, K, PROGRAMS: tl.constexpr, BM: tl.constexpr,
+                               BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, WS: tl.constexpr,
+                               FORWARD: tl.constexpr):
+        """Persistent: program p makes output tiles p, p + PROGRAMS, ... (row-major over the tile grid, so the
+        programs at work share b's tiles in L2) of s = a @ b.T, a (M, K) and b (N, K) through tensor
+        descriptors, and stores each in SPLIT (1, 2 or 4) blocks of columns (less registers and staging memory
+        at once): FORWARD, c = s and aux = relu(s)^2; else c = 2 relu(aux) s, aux holding the pre-activation."""
+        tiles_n = tl.cdiv(N, BN)
+        for tile in tl.range(tl.program_id(0), tl.cdiv(M, BM) * tiles_n, PROGRAMS, flatten=True, warp_specialize=WS):
+            row, col = (tile // tiles_n) * BM, (tile % tiles_n) * BN
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            for k in range(0, K, BK):
+                acc = tl.dot(a_desc.load([row, k]), b_desc.load([col, k]).T, acc)
+            if SPLIT == 1:
+                _relu_square_epilogue(acc, c_desc, aux_desc, row, col, FORWARD)
+            else:
+                left, right = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
+                if SPLIT == 2:
+                    _relu_square_epilogue(left, c_desc, aux_desc, row, col, FORWARD)
+                    _relu_square_epilogue(right, c_desc, aux_desc, row, col + BN // 2, FORWARD)
+                else:
+                    q0, q1 = tl.split(tl.permute(tl.reshape(left, (BM, 2, BN // 4)), (0, 2, 1)))
+                    q2, q3 = tl.split(tl.permute(tl.reshape(right, (BM, 2, BN // 4)), (0, 2, 1)))
+                    _relu_square_epilogue(q0, c_desc, aux_desc, row, col, FORWARD)
+                    _relu_square_epilogue(q1, c_desc, aux_desc, row, col + BN // 4, FORWARD)
+                    _relu_square_epilogue(q2, c_desc, aux_desc, row, col + BN // 2, FORWARD)
+                    _relu_square_epilogue(q3, c_desc, aux_desc, row, col + 3 * BN // 4, FORWARD)
+
+    @triton.jit
+    def _relu_square_epilogue(acc, c_desc, aux_desc, row, col, FORWARD: tl.constexpr):
+        s = acc.to(tl.bfloat16)  # what a bf16 GEMM writes
+        if FORWARD:
+            c_desc.store([row, col], s)
+            r = tl.maximum(s.to(tl.float32), 0.0)
+            aux_desc.store([row, col], (r * r).to(tl.bfloat16))
+        else:
+            pre = aux_desc.load([row, col]).to(tl.float32)
+            c_desc.store([row, col], (2.0 * tl.maximum(pre, 0.0) * s.to(tl.float32)).to(tl.bfloat16))
 
     @triton.jit
     def _transpose_bytes_kernel(src_ptr, dst_ptr, R, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):

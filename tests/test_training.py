@@ -580,6 +580,54 @@ def test_cuda_qk_norm_rotary_kernels_match_float64(paired):
         assert err < 4e-3, err
 
 
+def relu_square_rule(x, fc_w, proj_w):
+    """The ReLU^2 MLP by its definition, for autograd to differentiate."""
+    return torch.relu(x @ fc_w.T) ** 2 @ proj_w
+
+
+def test_relu_square_mlp_op_has_the_rules_grads():
+    """The fused MLP op's hand-written backward (its rule, as the CPU runs it) against autograd of the MLP's
+    definition, in float64: output, the grads of x and both weights; pre and post as defined."""
+    gen = torch.Generator().manual_seed(0)
+    x, fc_w, proj_w = (torch.randn(*shape, generator=gen, dtype=torch.float64, requires_grad=True)
+                       for shape in ((3, 5, 16), (64, 16), (64, 16)))
+    g = torch.randn(3, 5, 16, generator=gen, dtype=torch.float64)
+    out, pre, post = tg.relu_square_mlp(x, fc_w, proj_w, [*tg.MLP_HOPPER_TILES[0], *tg.MLP_HOPPER_TILES[1]])
+    got = torch.autograd.grad(out, (x, fc_w, proj_w), g)
+    want_out = relu_square_rule(x, fc_w, proj_w)
+    want = torch.autograd.grad(want_out, (x, fc_w, proj_w), g)
+    torch.testing.assert_close(out, want_out, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(pre, (x @ fc_w.T).reshape(15, 64), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(post, torch.relu(pre) ** 2, rtol=1e-12, atol=1e-12)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_relu_square_mlp_matches_float64():
+    """The fused ReLU^2 matmul kernels at the training shape (16,384 tokens, dim 768) against float64 autograd
+    of the definition: output and grads as close as the cuBLAS path's (bf16: 4e-3 relative on an H100); post exactly
+    relu(pre)^2 rounded once, and pre as cuBLAS rounds it but for accumulation order."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(2, 8192, 768, device="cuda", generator=gen).bfloat16().requires_grad_()
+    fc_w = (torch.randn(3072, 768, device="cuda", generator=gen) * 0.02).bfloat16().requires_grad_()
+    proj_w = (torch.randn(3072, 768, device="cuda", generator=gen) * 0.02).bfloat16().requires_grad_()
+    g = torch.randn(2, 8192, 768, device="cuda", generator=gen).bfloat16()
+    out, pre, post = tg.relu_square_mlp(x, fc_w, proj_w, [*tg.MLP_HOPPER_TILES[0], *tg.MLP_HOPPER_TILES[1]])
+    fused = (out, *torch.autograd.grad(out, (x, fc_w, proj_w), g))
+    cublas_pre = x.detach().reshape(-1, 768) @ fc_w.detach().T
+    assert (pre == cublas_pre).float().mean().item() > 0.99
+    assert torch.equal(post, torch.relu(pre.float()).square().bfloat16())
+    plain = relu_square_rule(x, fc_w, proj_w)
+    plain = (plain, *torch.autograd.grad(plain, (x, fc_w, proj_w), g))
+    x64, fc64, proj64 = (t.detach().double().requires_grad_() for t in (x, fc_w, proj_w))
+    want = relu_square_rule(x64, fc64, proj64)
+    want = (want, *torch.autograd.grad(want, (x64, fc64, proj64), g.double()))
+    for name, a, b, ref in zip(("out", "dx", "dfc", "dproj"), fused, plain, want):
+        err, plain_err = (((t.double() - ref).norm() / ref.norm()).item() for t in (a, b))
+        assert err < 1e-2 and err < 1.5 * plain_err + 1e-4, (name, err, plain_err)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_fp8_and_flex_match_fallbacks():
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -624,6 +672,7 @@ def test_profiler_sorts_kernels_by_what_they_do():
         "_softcap_ce_kernel": "softcap CE + fp8 transposes",
         "_transpose_bytes_kernel": "softcap CE + fp8 transposes",
         "_qk_norm_rotary_bwd": "QK-norm + rotary",
+        "_relu_square_mm_kernel": "ReLU^2 GEMM (fused)",
         "triton_tem_fused__unsafe_view_flex_attention_backward_mul_sigmoid_transpose_unsqueeze_view_5": "FlexAttention",
         "nvjet_sm90_qqtst_192x192_128x4_2x1_v_bz_coopB_TNN": "FP8 GEMM",
         "nvjet_sm90_qrsss_128x160_128x5_1x2_h_bz_coopA_algo2_TNT": "FP8 GEMM",
@@ -631,6 +680,10 @@ def test_profiler_sorts_kernels_by_what_they_do():
         "void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float>": "bf16 GEMM",
         "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "NCCL",
         "triton_poi_fused__unsafe_view_pow_relu_10": "Triton fused (compiled)",
+        "triton_per_fused__unsafe_view_add_clamp_min_div_eq_expand_ge_masked_fill_mul_neg_scalar_tensor_sigmoid_sigmoid_"
+        "backward_squeeze_sum_transpose_view_whe": "Triton fused (compiled)",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >":
+        "copies and fills",
         "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>": "other",
     }
     assert {name: tg.kernel_category(name) for name in names} == names

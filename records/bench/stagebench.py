@@ -5,14 +5,17 @@ second step, the embedding tied or untied), each synchronized and timed, and two
 stage's median and the projection, sum over stages of (its steps in the run x its median); appends them to
 OUT/stagebench.txt and writes OUT/NAME_<stage>_profile.txt.
 
-    python records/bench/stagebench.py --out DIR --name NAME [--script train_gpt.py] [--n 20] [-- FLAGS...]
+    python records/bench/stagebench.py --out DIR --name NAME [--script train_gpt.py] [--n 20]
+        [--mlp_tiles JSON] [-- FLAGS...]
 
 --script times another version of the trainer (e.g. `git show COMMIT:train_gpt.py > old.py`): the bench uses
-only names every version since 2026-12-04 has. Run one bench per process, one process on the GPU at a time.
+only names every version since 2026-12-04 has. --mlp_tiles sets KernelSettings.mlp_tiles (the fused ReLU^2
+matmul's forward and backward launches, as mlpbench.py --write saves them) before the warm-up. Run one bench per process, one process on the GPU at a time.
 """
 import argparse
 import dataclasses
 import importlib.util
+import json
 import statistics
 import sys
 import time
@@ -52,12 +55,15 @@ def main(argv=None):
     parser.add_argument("--script", default=str(REPO / "train_gpt.py"))
     parser.add_argument("--data", default="/tmp/proxy", help="folder of the unpacked proxy shards")
     parser.add_argument("--n", type=int, default=20, help="timed steps per stage")
+    parser.add_argument("--mlp_tiles", help="JSON: the fused ReLU^2 matmul's (forward, backward) launches")
     args, extra = parser.parse_known_args(argv)
     tg = load_trainer(args.script)
     flags = ["--train_files", f"{args.data}/proxy_train_*.bin", "--val_files", f"{args.data}/proxy_val_*.bin",
              "--val_tokens", "1572864", "--val_every", "0", "--warmup_steps", "3", "--log_dir", args.out,
              "--run_id", args.name, *[f for f in extra if f != "--"]]
     t = tg.build(tg.parse_args(flags))
+    if args.mlp_tiles:  # the model's MLPs read the trainer's KernelSettings at each call
+        t.kernels.mlp_tiles = tuple(tuple(tile) for tile in json.loads(args.mlp_tiles))
     cuda = t.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)  # CPU: the suite runs it on a tiny model
     # the bench's steps start from fresh weights at late steps, whose loss stays near a uniform guess's: not
