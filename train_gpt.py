@@ -905,6 +905,7 @@ def attention_masks(idx: Tensor, windows: Tensor, kinds: set) -> dict:
 FLEX_SMALL_TILES = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32,
                     "num_stages": 1}
 FLEX_DEFAULT_TILES_SMEM = 160 * 1024  # bytes of shared memory per block from which Flex's own tiles fit
+HOPPER = (9, 0)  # H100's and H200's compute capability, for which FLEX_HOPPER_TILES and MLP_HOPPER_TILES are tuned
 # Hopper's forward runs 10% faster in 64x64 tiles than in Flex's default (records/2026-12-03_speed3-h200)
 FLEX_HOPPER_TILES = {"fwd_BLOCK_M": 64, "fwd_BLOCK_N": 64, "fwd_num_stages": 3, "fwd_num_warps": 4}
 
@@ -914,7 +915,7 @@ def choose_flex_tiles(choice: str, smem_per_block: int, capability: tuple):
     and this compute capability: None keeps Flex's defaults."""
     if choice == "small" or (choice == "auto" and smem_per_block < FLEX_DEFAULT_TILES_SMEM):
         return dict(FLEX_SMALL_TILES)
-    return dict(FLEX_HOPPER_TILES) if choice == "auto" and tuple(capability) == (9, 0) else None
+    return dict(FLEX_HOPPER_TILES) if choice == "auto" and tuple(capability) == HOPPER else None
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask, flex_options=None) -> Tensor:
@@ -2186,10 +2187,11 @@ def build(cfg: Hyperparameters) -> Trainer:
                                    f"_has_no_FP8_tensor_cores"))
     if device.type == "cuda":
         smem = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
-        kernels.flex_options = choose_flex_tiles(cfg.flex_tiles, smem, torch.cuda.get_device_capability(device))
+        capability = tuple(torch.cuda.get_device_capability(device))
+        kernels.flex_options = choose_flex_tiles(cfg.flex_tiles, smem, capability)
         if kernels.flex_options == FLEX_SMALL_TILES and cfg.flex_tiles == "auto":
             notes.append(log_line(note="flex_small_tiles", why=f"{smem // 1024}KiB_shared_memory_per_block"))
-        if cfg.mlp_kernel and tuple(torch.cuda.get_device_capability(device)) == (9, 0) and TensorDescriptor:
+        if cfg.mlp_kernel and capability == HOPPER and TensorDescriptor:
             kernels.mlp_tiles = MLP_HOPPER_TILES
     ckpt = read_checkpoint(cfg, comm) if cfg.resume else None
     # a resumed run keeps its run_id, and so its log, unless told otherwise

@@ -219,7 +219,7 @@ MUTANTS = {
     "whole-model compile done block by block": ("train_gpt.py", [("        if whole:\n", "        if False:\n")],
         ["tests/test_training.py::test_both_compile_scopes_compute_the_eager_step"]),
     "Hopper's Flex forward tiles never chosen": ("train_gpt.py", [
-        ('choice == "auto" and tuple(capability) == (9, 0)', 'choice == "auto" and False')],
+        ('choice == "auto" and tuple(capability) == HOPPER', 'choice == "auto" and False')],
         ["tests/test_trust.py::test_flex_tiles_fit_the_gpus_shared_memory"]),
     "profiler counts compiled kernels that fused a masked_fill as fills": ("train_gpt.py", [
         ('r"^(?!triton_).*([Mm]emcpy|', 'r"^.*([Mm]emcpy|')],
