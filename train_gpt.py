@@ -1415,11 +1415,11 @@ def second_moment_shape(shape) -> tuple:
 
 
 def adam_update(grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: int, betas, eps: float) -> Tensor:
-    """Bias-corrected Adam direction (no weight decay), m_hat / (sqrt(v_hat) + eps), in one temporary the size of
-    grad (the head's bucket is 77M values)."""
+    """Bias-corrected Adam direction (no weight decay), m_hat / (sqrt(v_hat) + eps), written over grad once the
+    moments have taken it in: no temporary the size of the bucket (the head's is 77M values)."""
     exp_avg.lerp_(grad, 1 - betas[0])
     exp_avg_sq.mul_(betas[1]).addcmul_(grad, grad, value=1 - betas[1])
-    denom = exp_avg_sq.div(1 - betas[1] ** step).sqrt_().add_(eps)
+    denom = torch.div(exp_avg_sq, 1 - betas[1] ** step, out=grad).sqrt_().add_(eps)
     return torch.div(exp_avg, denom, out=denom).div_(1 - betas[0] ** step)
 
 

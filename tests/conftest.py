@@ -39,6 +39,13 @@ def _glibc():
 
 
 _libc = _glibc()
+# glibc hands each allocation over its mmap threshold (at most 32 MB) fresh pages and unmaps them when freed, so
+# the tiny models' 50,304-column heads fault in every page again at every step: up to 256 MB now comes from the
+# heap and is reused, and the trim after each test gives it back
+if _libc is not None and hasattr(_libc, "mallopt"):
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # malloc.h's parameter numbers
+    _libc.mallopt(M_MMAP_THRESHOLD, 256 << 20)
+    _libc.mallopt(M_TRIM_THRESHOLD, 512 << 20)  # free memory kept at the heap's top between trims
 
 
 def load_script(name: str, relpath: str):
