@@ -163,7 +163,7 @@ MUTANTS = {
         ("    return u * (v.norm(dim=(-2, -1), keepdim=True) / u.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))",
          "    return u")], [T]),
     "Adam bias correction removed": ("train_gpt.py", [
-        ("exp_avg_sq.div(1 - betas[1] ** step)", "exp_avg_sq.div(1)"),
+        ("torch.div(exp_avg_sq, 1 - betas[1] ** step, out=grad)", "torch.div(exp_avg_sq, 1, out=grad)"),
         ("out=denom).div_(1 - betas[0] ** step)", "out=denom)")], [T]),
     "weight decay not cautious": ("train_gpt.py", [
         ("    agree = step > 0 if strict else step >= 0", "    agree = step == step")], [T]),
