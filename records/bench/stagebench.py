@@ -10,7 +10,8 @@ OUT/stagebench.txt and writes OUT/NAME_<stage>_profile.txt.
 
 --script times another version of the trainer (e.g. `git show COMMIT:train_gpt.py > old.py`): the bench uses
 only names every version since 2026-12-04 has. --mlp_tiles sets KernelSettings.mlp_tiles (the fused ReLU^2
-matmul's forward and backward launches, as mlpbench.py --write saves them) before the warm-up. Run one bench per process, one process on the GPU at a time.
+matmul's forward and backward launches, as mlpbench.py --write saves them) before the warm-up. Run one bench per
+process, one process on the GPU at a time.
 """
 import argparse
 import dataclasses
