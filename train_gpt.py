@@ -1521,7 +1521,7 @@ class RowSink:
 
     @torch.no_grad()
     def add(self, ids: Tensor, grad: Tensor):
-        self.acc.index_add_(0, ids.flatten(), grad.reshape(-1, grad.size(-1)).float())
+        add_rows_into_fp32(self.acc, ids.flatten(), grad.reshape(-1, grad.size(-1)))
         self.ready()
 
 
@@ -2376,10 +2376,13 @@ def kernel_category(kernel: str) -> str:
     return next(name for name, rule in KERNEL_CATEGORIES if re.search(rule, kernel))
 
 
+PROFILE_KERNELS = 100  # listed by name: the compiled glue is many small kernels
+
+
 @contextlib.contextmanager
 def profiled(trainer: Trainer, step: int):
     """Under --profile_steps A,B: torch.profiler from train step A through B, then a table of GPU time per
-    kernel category and the 40 costliest kernels, per step, in <log_dir>/<run_id>_profile.txt."""
+    kernel category and the PROFILE_KERNELS costliest kernels, per step, in <log_dir>/<run_id>_profile.txt."""
     first, last = trainer.cfg.profile_steps or (-1, -1)
     if step == first and trainer.device.type == "cuda":
         trainer.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
@@ -2403,7 +2406,7 @@ def profiled(trainer: Trainer, step: int):
                  f"host); step_avg so far {trainer.clock.ms / max(trainer.step, 1):.1f} ms"]
         lines += [f"{name:<26} {ms:9.2f} ms" for name, ms in by_category.items()]
         lines += ["", "costliest kernels (ms per step):"]
-        lines += [f"{ms:9.2f}  {key[:150]}" for key, ms in sorted(kernels, key=lambda k: -k[1])[:40]]
+        lines += [f"{ms:9.2f}  {key[:150]}" for key, ms in sorted(kernels, key=lambda k: -k[1])[:PROFILE_KERNELS]]
         if trainer.comm.rank == 0:
             path = Path(trainer.cfg.log_dir) / f"{trainer.run_id}_profile.txt"
             path.write_text("\n".join(lines) + "\n")
@@ -3090,6 +3093,7 @@ def main(argv=None):
 
 QK_ROWS = 32      # (token, head) rows per program of the QK-norm + rotary kernels: 16 to 64 timed the same
 ACC_BLOCK = 4096  # elements per program of the fp32 grad accumulate
+ROWS_TILE = (16, 256, 4)  # the embedding grads' row add: rows and columns per program, warps
 FP32_EPS = torch.finfo(torch.float32).eps  # F.rms_norm's default eps for bf16 input, which it normalizes in fp32
 # a launch of the fused ReLU^2 matmul: a tile of rows x columns outputs, depth deep; warps; pipeline stages;
 # the epilogue's stores in this many column blocks; warp specialization (1) or not (0)
@@ -3137,6 +3141,19 @@ def add_into_fp32(acc: Tensor, g: Tensor, block: int = ACC_BLOCK):
         _add_into_fp32_kernel[(triton.cdiv(n, block),)](acc, g.contiguous(), n, BLOCK=block, num_warps=8)
     else:
         acc += g
+
+
+def add_rows_into_fp32(acc: Tensor, ids: Tensor, rows: Tensor, tile=ROWS_TILE):
+    """acc[ids[i]] += rows[i] for each i (repeated ids add up), acc fp32 (table rows, dim), rows (n, dim) of a
+    narrower dtype: an embedding table's micro-step grad into its fp32 sum. On GPU one kernel of fp32 atomics,
+    four columns to an instruction, reading rows as they are; index_add_ wants them in fp32 first (a copy) and
+    adds an element at a time."""
+    if not on_gpu(acc):
+        acc.index_add_(0, ids, rows.float())
+        return
+    (n, dim), (br, bd, warps) = rows.shape, tile
+    _add_rows_into_fp32_kernel[(triton.cdiv(n, br), triton.cdiv(dim, bd))](acc, ids, rows.contiguous(), n, dim,
+                                                                           BLOCK_R=br, BLOCK_D=bd, num_warps=warps)
 
 
 @torch.library.custom_op("train_gpt::fp8_head_loss", mutates_args=())
@@ -3197,62 +3214,60 @@ fp8_head_loss.register_autograd(_fp8_head_grad, setup_context=_fp8_head_setup)
 # (records/2026-12-05_xsa-h100/profiles). The speedrun fuses it since its record 2026-01-10_FusedLinearReLUSquare.
 
 @torch.library.custom_op("train_gpt::relu_square_mlp", mutates_args=())
-def relu_square_mlp(x: Tensor, fc_w: Tensor, proj_w: Tensor, tiles: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+def relu_square_mlp(x: Tensor, fc_w: Tensor, proj_w: Tensor, tiles: list[int]) -> tuple[Tensor, Tensor]:
     """MLP.forward's relu(x @ fc_w.T)^2 @ proj_w for x (..., dim) and weights (4 dim, dim), of one dtype:
-    returns (output, pre, post), pre the first matmul's output and post = relu(pre)^2, which backward reads.
-    On GPU one kernel makes pre and post (relu_square_mm); tiles: KernelSettings.mlp_tiles, forward's and
-    backward's MLP_TILE end to end."""
-    x2 = x.reshape(-1, x.size(-1))
-    pre, post = relu_square_mm(x2, fc_w, None, tiles[:len(MLP_TILE)])
-    return mm(post, proj_w).reshape(x.shape), pre, post
+    returns (output, post), post = relu(x @ fc_w.T)^2, all backward reads of the activations (relu(pre) is
+    sqrt(post), so pre is never stored: the speedrun's 2026-06-11 "leaner" kernel). On GPU one kernel makes post
+    (relu_square_mm); tiles: KernelSettings.mlp_tiles, forward's and backward's MLP_TILE end to end."""
+    post = relu_square_mm(x.reshape(-1, x.size(-1)), fc_w, None, tiles[:len(MLP_TILE)])
+    return mm(post, proj_w).reshape(x.shape), post
 
 
 @relu_square_mlp.register_fake
 def _(x, fc_w, proj_w, tiles):
-    rows = x.numel() // x.size(-1)
-    return x.new_empty(x.shape), x.new_empty(rows, fc_w.size(0)), x.new_empty(rows, fc_w.size(0))
+    return x.new_empty(x.shape), x.new_empty(x.numel() // x.size(-1), fc_w.size(0))
 
 
 @torch.library.custom_op("train_gpt::relu_square_grad", mutates_args=())
-def relu_square_grad(g: Tensor, proj_w: Tensor, pre: Tensor, tile: list[int]) -> Tensor:
-    """The grad of pre from g, the output's grad (rows, dim): 2 relu(pre) (g @ proj_w.T), the matmul rounded to
-    the dtype as a GEMM writes it, the rest in fp32 with one rounding (what the compiled ReLU^2's backward does);
-    on GPU in one kernel."""
-    return relu_square_mm(g, proj_w, pre, tile)
+def relu_square_grad(g: Tensor, proj_w: Tensor, post: Tensor, tile: list[int]) -> Tensor:
+    """The grad of pre from g, the output's grad (rows, dim), and the forward's post: 2 sqrt(post) (g @ proj_w.T),
+    the matmul rounded to the dtype as a GEMM writes it, the rest in fp32 with one rounding; on GPU in one
+    kernel."""
+    return relu_square_mm(g, proj_w, post, tile)
 
 
 @relu_square_grad.register_fake
-def _(g, proj_w, pre, tile):
-    return pre.new_empty(pre.shape)
+def _(g, proj_w, post, tile):
+    return post.new_empty(post.shape)
 
 
 def _relu_square_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0], inputs[1], inputs[2], *output[1:])
+    ctx.save_for_backward(inputs[0], inputs[1], inputs[2], output[1])
     ctx.tiles = inputs[3]
-    ctx.set_materialize_grads(False)  # pre's and post's grads are never used: no zeros made for them
+    ctx.set_materialize_grads(False)  # post's grad is never used: no zeros made for it
 
 
 def _relu_square_backward(ctx, g, *_):
-    x, fc_w, proj_w, pre, post = ctx.saved_tensors
+    x, fc_w, proj_w, post = ctx.saved_tensors
     g2, x2 = g.reshape(-1, g.size(-1)), x.reshape(-1, x.size(-1))
-    dpre = relu_square_grad(g2, proj_w, pre, ctx.tiles[len(MLP_TILE):])
+    dpre = relu_square_grad(g2, proj_w, post, ctx.tiles[len(MLP_TILE):])
     return mm(dpre, fc_w).reshape(x.shape), mm(dpre.mT, x2), mm(post.mT, g2), None
 
 
 relu_square_mlp.register_autograd(_relu_square_backward, setup_context=_relu_square_setup)
 
 
-def relu_square_mm(a: Tensor, b: Tensor, pre, tile) -> tuple[Tensor, Tensor] | Tensor:
-    """s = a @ b.T for a (rows, k) and b (n, k), then, without pre: (s, relu(s)^2); with pre (rows, n):
-    2 relu(pre) s. The GPU kernel rounds s to bf16 first, as cuBLAS writes it, and squares or multiplies in fp32;
-    its tensor descriptors need rows of a multiple of 16 bytes."""
+def relu_square_mm(a: Tensor, b: Tensor, post, tile) -> Tensor:
+    """s = a @ b.T for a (rows, k) and b (n, k), then, without post: relu(s)^2; with post (rows, n), the
+    forward's relu(pre)^2: 2 sqrt(post) s, the grad of pre. The GPU kernel rounds s to bf16 first, as cuBLAS
+    writes it, and squares or multiplies in fp32; its tensor descriptors need rows of a multiple of 16 bytes."""
     if on_gpu(a) and a.dtype == torch.bfloat16 and a.size(1) % 8 == 0 and b.size(0) % 8 == 0:
-        return _relu_square_mm_cuda(a.contiguous(), b.contiguous(), pre, tile)
+        return _relu_square_mm_cuda(a.contiguous(), b.contiguous(), post, tile)
     s = mm(a, b.mT)
     f = torch.promote_types(s.dtype, torch.float32)  # bf16's in fp32, float64's in float64
-    if pre is None:
-        return s, F.relu(s.to(f)).square().to(s.dtype)
-    return (2 * F.relu(pre.to(f)) * s.to(f)).to(s.dtype)
+    if post is None:
+        return F.relu(s.to(f)).square().to(s.dtype)
+    return (2 * post.to(f).sqrt() * s.to(f)).to(s.dtype)
 
 
 @functools.cache
@@ -3260,17 +3275,17 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _relu_square_mm_cuda(a: Tensor, b: Tensor, pre, tile):
+def _relu_square_mm_cuda(a: Tensor, b: Tensor, post, tile):
     (M, K), N = a.shape, b.size(0)
     bm, bn, bk, warps, stages, split, ws = tile
     out = a.new_empty(M, N)
-    aux = a.new_empty(M, N) if pre is None else pre.contiguous()
     programs = min(sm_count(a.device.index), triton.cdiv(M, bm) * triton.cdiv(N, bn))
-    descs = (TensorDescriptor.from_tensor(t, block) for t, block in
-             ((a, [bm, bk]), (b, [bn, bk]), (out, [bm, bn // split]), (aux, [bm, bn // split])))
-    _relu_square_mm_kernel[(programs,)](*descs, M, N, K, PROGRAMS=programs, BM=bm, BN=bn, BK=bk, SPLIT=split,
-                                        WS=bool(ws), FORWARD=pre is None, num_warps=warps, num_stages=stages)
-    return (out, aux) if pre is None else out
+    a_desc, b_desc, out_desc = (TensorDescriptor.from_tensor(t, block) for t, block in
+                                ((a, [bm, bk]), (b, [bn, bk]), (out, [bm, bn // split])))
+    post_desc = None if post is None else TensorDescriptor.from_tensor(post.contiguous(), [bm, bn // split])
+    _relu_square_mm_kernel[(programs,)](a_desc, b_desc, out_desc, post_desc, M, N, K, PROGRAMS=programs, BM=bm,
+                                        BN=bn, BK=bk, SPLIT=split, WS=bool(ws), num_warps=warps, num_stages=stages)
+    return out
 
 
 # QK-norm and RoPE of q and k (norm, then rotary) as one op on GPU, a hand-written kernel each way: twice as fast
@@ -3412,13 +3427,12 @@ if triton is not None:
             tl.store(g_ptr + rows[:, None] * V + cols[None, :], g, mask=inside)
 
     @triton.jit
-    def _relu_square_mm_kernel(a_desc, b_desc, c_desc, aux_desc, M, N, K, PROGRAMS: tl.constexpr, BM: tl.constexpr,
-                               BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, WS: tl.constexpr,
-                               FORWARD: tl.constexpr):
+    def _relu_square_mm_kernel(a_desc, b_desc, c_desc, post_desc, M, N, K, PROGRAMS: tl.constexpr, BM: tl.constexpr,
+                               BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, WS: tl.constexpr):
         """Persistent: program p makes output tiles p, p + PROGRAMS, ... (row-major over the tile grid, so the
         programs at work share b's tiles in L2) of s = a @ b.T, a (M, K) and b (N, K) through tensor
         descriptors, and stores each in SPLIT (1, 2 or 4) blocks of columns (less registers and staging memory
-        at once): FORWARD, c = s and aux = relu(s)^2; else c = 2 relu(aux) s, aux holding the pre-activation."""
+        at once): c = relu(s)^2 without post_desc (forward), else c = 2 sqrt(post) s."""
         tiles_n = tl.cdiv(N, BN)
         for tile in tl.range(tl.program_id(0), tl.cdiv(M, BM) * tiles_n, PROGRAMS, flatten=True, warp_specialize=WS):
             row, col = (tile // tiles_n) * BM, (tile % tiles_n) * BN
@@ -3426,30 +3440,29 @@ if triton is not None:
             for k in range(0, K, BK):
                 acc = tl.dot(a_desc.load([row, k]), b_desc.load([col, k]).T, acc)
             if SPLIT == 1:
-                _relu_square_epilogue(acc, c_desc, aux_desc, row, col, FORWARD)
+                _relu_square_epilogue(acc, c_desc, post_desc, row, col)
             else:
                 left, right = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
                 if SPLIT == 2:
-                    _relu_square_epilogue(left, c_desc, aux_desc, row, col, FORWARD)
-                    _relu_square_epilogue(right, c_desc, aux_desc, row, col + BN // 2, FORWARD)
+                    _relu_square_epilogue(left, c_desc, post_desc, row, col)
+                    _relu_square_epilogue(right, c_desc, post_desc, row, col + BN // 2)
                 else:
                     q0, q1 = tl.split(tl.permute(tl.reshape(left, (BM, 2, BN // 4)), (0, 2, 1)))
                     q2, q3 = tl.split(tl.permute(tl.reshape(right, (BM, 2, BN // 4)), (0, 2, 1)))
-                    _relu_square_epilogue(q0, c_desc, aux_desc, row, col, FORWARD)
-                    _relu_square_epilogue(q1, c_desc, aux_desc, row, col + BN // 4, FORWARD)
-                    _relu_square_epilogue(q2, c_desc, aux_desc, row, col + BN // 2, FORWARD)
-                    _relu_square_epilogue(q3, c_desc, aux_desc, row, col + 3 * BN // 4, FORWARD)
+                    _relu_square_epilogue(q0, c_desc, post_desc, row, col)
+                    _relu_square_epilogue(q1, c_desc, post_desc, row, col + BN // 4)
+                    _relu_square_epilogue(q2, c_desc, post_desc, row, col + BN // 2)
+                    _relu_square_epilogue(q3, c_desc, post_desc, row, col + 3 * BN // 4)
 
     @triton.jit
-    def _relu_square_epilogue(acc, c_desc, aux_desc, row, col, FORWARD: tl.constexpr):
-        s = acc.to(tl.bfloat16)  # what a bf16 GEMM writes
-        if FORWARD:
-            c_desc.store([row, col], s)
-            r = tl.maximum(s.to(tl.float32), 0.0)
-            aux_desc.store([row, col], (r * r).to(tl.bfloat16))
-        else:
-            pre = aux_desc.load([row, col]).to(tl.float32)
-            c_desc.store([row, col], (2.0 * tl.maximum(pre, 0.0) * s.to(tl.float32)).to(tl.bfloat16))
+    def _relu_square_epilogue(acc, c_desc, post_desc, row, col):
+        s = acc.to(tl.bfloat16).to(tl.float32)  # what a bf16 GEMM writes
+        if post_desc is None:
+            r = tl.maximum(s, 0.0)
+            c = r * r
+        else:  # sqrt.approx: 2^-22 relative, far inside bf16's rounding
+            c = 2.0 * tl.sqrt(post_desc.load([row, col]).to(tl.float32)) * s
+        c_desc.store([row, col], c.to(tl.bfloat16))
 
     @triton.jit
     def _transpose_bytes_kernel(src_ptr, dst_ptr, R, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -3468,6 +3481,17 @@ if triton is not None:
         live = i < n
         acc = tl.load(acc_ptr + i, mask=live)
         tl.store(acc_ptr + i, acc + tl.load(g_ptr + i, mask=live).to(tl.float32), mask=live)
+
+    @triton.jit
+    def _add_rows_into_fp32_kernel(acc_ptr, ids_ptr, rows_ptr, n, dim, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+        """acc[ids[i], :] += rows[i, :] for this program's block of rows i and columns: relaxed atomics (the
+        adds' order is free, as index_add_'s), which Triton issues four fp32 columns at a time on Hopper."""
+        i = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        live = (i < n)[:, None] & (d < dim)[None, :]
+        dst = tl.load(ids_ptr + i, mask=i < n).to(tl.int64)
+        g = tl.load(rows_ptr + i[:, None].to(tl.int64) * dim + d[None, :], mask=live).to(tl.float32)
+        tl.atomic_add(acc_ptr + dst[:, None] * dim + d[None, :], g, mask=live, sem="relaxed")
 
     @triton.jit
     def _qk_rows(x_ptr, cos_ptr, sin_ptr, R, T, sx_b, sx_t, sx_h, eps, HEADS: tl.constexpr, D: tl.constexpr,

@@ -107,13 +107,16 @@ MUTANTS = {
         ("        if why:\n            raise UserError(f\"--mudd needs", "        if False:\n            raise UserError(f\"--mudd needs")],
         ["tests/test_trust.py::test_bad_settings_are_refused_in_one_line"]),
     "fused MLP's backward: relu(pre)'s grad without its 2": ("train_gpt.py", [
-        ("    return (2 * F.relu(pre.to(f)) * s.to(f)).to(s.dtype)", "    return (F.relu(pre.to(f)) * s.to(f)).to(s.dtype)")],
+        ("    return (2 * post.to(f).sqrt() * s.to(f)).to(s.dtype)", "    return (post.to(f).sqrt() * s.to(f)).to(s.dtype)")],
         ["tests/test_training.py::test_relu_square_mlp_op_has_the_rules_grads"]),
-    "fused MLP's backward: proj's grad from pre, not post": ("train_gpt.py", [
-        ("mm(dpre.mT, x2), mm(post.mT, g2), None", "mm(dpre.mT, x2), mm(pre.mT, g2), None")],
+    "fused MLP's backward: post for relu(pre), not its square root": ("train_gpt.py", [
+        ("    return (2 * post.to(f).sqrt() * s.to(f)).to(s.dtype)", "    return (2 * post.to(f) * s.to(f)).to(s.dtype)")],
+        ["tests/test_training.py::test_relu_square_mlp_op_has_the_rules_grads"]),
+    "fused MLP's backward: proj's grad from pre's grad, not post": ("train_gpt.py", [
+        ("mm(dpre.mT, x2), mm(post.mT, g2), None", "mm(dpre.mT, x2), mm(dpre.mT, g2), None")],
         ["tests/test_training.py::test_relu_square_mlp_op_has_the_rules_grads"]),
     "fused MLP's forward: post is relu(pre), not squared": ("train_gpt.py", [
-        ("        return s, F.relu(s.to(f)).square().to(s.dtype)", "        return s, F.relu(s.to(f)).to(s.dtype)")],
+        ("        return F.relu(s.to(f)).square().to(s.dtype)", "        return F.relu(s.to(f)).to(s.dtype)")],
         ["tests/test_training.py::test_relu_square_mlp_op_has_the_rules_grads"]),
     "MUDD's backout bias left at zero": ("train_gpt.py", [
         ("        bias[1, 1, 1] = MUDD_BACKOUT_BIAS\n", "")], [f"{T}::test_full_size_model_has_the_record_parameters"]),

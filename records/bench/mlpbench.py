@@ -2,7 +2,7 @@
 
 1. each direction's fused ReLU^2 matmul kernel (relu_square_mm) at each launch of TILES against cuBLAS's
    matmul plus inductor's compiled ReLU^2 pass (forward: s = x @ fc_w.T, then relu(s)^2; backward: g @ proj_w.T,
-   then 2 relu(pre) times it);
+   then 2 relu(pre) times it, where the fused kernel takes 2 sqrt(post));
 2. the whole MLP, compiled with the norm before it as in a block, forward + backward: the plain path, the
    default's tiles (MLP_HOPPER_TILES) and the fastest of part 1 per direction.
 
@@ -68,12 +68,12 @@ def kernels_part(x2, g2, fc_w, proj_w, n, repeats):
         for direction in rows:
             try:
                 if direction == "forward":
-                    got = tg.relu_square_mm(x2, fc_w, None, tile)[1]
+                    got = tg.relu_square_mm(x2, fc_w, None, tile)
                     ms = median_ms(lambda: tg.relu_square_mm(x2, fc_w, None, tile), n, repeats)
                     d = dist(got, post)
                 else:
-                    got = tg.relu_square_mm(g2, proj_w, pre, tile)
-                    ms = median_ms(lambda: tg.relu_square_mm(g2, proj_w, pre, tile), n, repeats)
+                    got = tg.relu_square_mm(g2, proj_w, post, tile)
+                    ms = median_ms(lambda: tg.relu_square_mm(g2, proj_w, post, tile), n, repeats)
                     d = dist(got, dpre)
             except Exception as e:  # a launch that does not fit: shared memory, registers
                 print(f"{direction} {tile}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
