@@ -106,7 +106,8 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #   - RoPE turns dims j and j + d/2 together (the record turns neighbours 2j, 2j+1): a fixed permutation of
 #     head dims, the same model. The attention scale multiplies q inside the QK-norm + rotary op.
 #   - q and k come from one matmul and v from another; the output projection and MLP weights are fp32 (the
-#     record keeps bf16 weights plus a 16-bit mantissa: the same precision); losses are summed, not averaged
+#     record keeps bf16 weights plus a 16-bit mantissa: the same precision), computed with through bf16 copies
+#     made once a step (WeightCopies), whose grads sum into fp32; losses are summed, not averaged
 #     (both optimizers ignore the loss's scale); the head runs in bf16 for validation, as the record's does.
 #   - Position 0 of every sequence hashes to the bigram table's last row. The record's in-place `x[0] = mod`
 #     also moves its position 1 (one token in 16K); ours keeps the rule as the record describes it.
@@ -933,6 +934,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask, flex_options=None) -> Tenso
 
 # ---- blocks
 
+def weight_in(module: nn.Module, name: str, x: Tensor) -> Tensor:
+    """module's fp32 matrix `name` in x's dtype: while training, the copy the optimizer keeps (WeightCopies),
+    else cast here."""
+    copy = module.copies.get(name)
+    return copy if copy is not None and copy.dtype == x.dtype else getattr(module, name).type_as(x)
+
+
 def gate(x: Tensor, w: Tensor) -> Tensor:
     """sigmoid of a linear map of x's first GATE_DIMS dims: (..., rows of w)."""
     return torch.sigmoid(mm(x[..., :GATE_DIMS], w.type_as(x).mT))
@@ -975,6 +983,7 @@ class Attention(nn.Module):
         # per head, tanh(xsa_w) of its output along its own value is taken out (0 at the zero init; record
         # 2026-05-07_XSAGatedLayers, after arXiv:2603.09078)
         self.xsa_w = nn.Parameter(torch.zeros(num_heads)) if xsa else None
+        self.copies = {}  # name -> the matrix's compute copy while training (WeightCopies)
 
     def forward(self, x: Tensor, ve, mask, rot: Rotary, sa: Tensor, flex_options, mudd=None) -> Tensor:
         """x: the block's normed input (B, T, dim); sa: this layer's (value, output) scales; mudd: (what MUDD
@@ -982,11 +991,12 @@ class Attention(nn.Module):
         B, T = x.shape[:2]
         H, D = self.num_heads, self.head_dim
         # q and k from one matmul, v from another: the QK-norm + rotary op then owns its input's whole grad
-        qk = mm(x, self.qk_w.flatten(0, 1).type_as(x).mT).view(B, T, 2 * H, D)
+        qk = mm(x, weight_in(self, "qk_w", x).flatten(0, 1).mT).view(B, T, 2 * H, D)
         q, k = norm_rotary_qk(qk, rot, self.paired)
         if self.key_offset:
             k = shift_stationary_keys(k)
-        v = sa[0] * mm(x, self.vo_w[0].type_as(x).mT).view(B, T, H, D)
+        vo_w = weight_in(self, "vo_w", x)
+        v = sa[0] * mm(x, vo_w[0].mT).view(B, T, H, D)
         if mudd is not None:
             v = v + mudd[0]
         if ve is not None and self.ve_gate_w is None:
@@ -1001,7 +1011,7 @@ class Attention(nn.Module):
             unit_v = F.normalize(v, dim=-1, eps=1e-4)
             y = y - torch.tanh(self.xsa_w).type_as(y)[:, None] * (y * unit_v).sum(-1, keepdim=True) * unit_v
         y = (y * gate(x, self.gate_w)[..., None]).reshape(B, T, H * D)
-        return sa[1] * mm(y, self.vo_w[1].type_as(y).mT)
+        return sa[1] * mm(y, vo_w[1].mT)
 
 
 class MLP(nn.Module):
@@ -1011,9 +1021,10 @@ class MLP(nn.Module):
         self.fc_w = nn.Parameter(init_uniform((4 * dim, dim), 0.5 * dim**-0.5))
         self.proj_w = nn.Parameter(torch.zeros(4 * dim, dim))
         self.kernels = kernels or KernelSettings()
+        self.copies = {}  # name -> the matrix's compute copy while training (WeightCopies)
 
     def forward(self, x: Tensor) -> Tensor:
-        fc_w, proj_w, tiles = self.fc_w.type_as(x), self.proj_w.type_as(x), self.kernels.mlp_tiles
+        fc_w, proj_w, tiles = weight_in(self, "fc_w", x), weight_in(self, "proj_w", x), self.kernels.mlp_tiles
         if tiles and on_gpu(x) and x.dtype == torch.bfloat16:  # the same function, ReLU^2 in the matmul's epilogue
             return relu_square_mlp(x, fc_w, proj_w, [*tiles[0], *tiles[1]])[0]
         return mm(F.relu(mm(x, fc_w.mT)).square(), proj_w)  # ReLU^2
@@ -1233,6 +1244,7 @@ class GPT(nn.Module):
         self.mudd_ve = next(t for t in cfg.value_embeds if t >= 0) if cfg.mudd else None  # the first VE layer's
         self.head_loss, self.eval_loss = head_loss, eval_loss
         self.grad_sinks = {}  # table weight -> RowSink, attached by the optimizer (ShardedOptimizer.row_sinks)
+        self.weight_copies = None  # the matrices' compute copies while training (use_weight_copies)
 
     def lambdas(self):
         """The scalars by name: attention (L, 2) weights; smear, backout (None with MUDD), skip."""
@@ -1273,11 +1285,22 @@ class GPT(nn.Module):
         share = self.lambdas()[1] * gate(x[:, 1:], self.smear_gate_w)
         return norm(torch.cat([x[:, :1], x[:, 1:] + share * x[:, :-1]], dim=1))
 
+    def use_weight_copies(self, copies: "WeightCopies"):
+        """Compute with copies' bf16 matrices (each block's attention and MLP looks its own up by name)."""
+        self.weight_copies = copies
+        of = {id(p): c for p, c in zip(copies.masters, copies.copies)}
+        for module in self.modules():
+            if isinstance(module, (Attention, MLP)):
+                module.copies = {name: of[id(p)] for name, p in module.named_parameters(recurse=False)
+                                 if id(p) in of}
+
     def hidden(self, idx: Tensor, windows: Tensor) -> Tensor:
         """idx: (B, T) token ids of B sequences, or (T,) of one; windows: (short, long) window in tokens.
         Returns the last block's output after MUDD's last mix (or less the backout), (B, T, dim). The table
         lookups run outside the compiled graph (core), so that their grads can go straight into the fp32 sums."""
         idx = idx if idx.dim() == 2 else idx[None]
+        if self.weight_copies is not None:
+            self.weight_copies.sync()
         bigram = None
         if self.bigram_embed is not None:
             bigram = self.lookup(self.bigram_embed, bigram_hash(idx, self.bigram_embed.num_embeddings))
@@ -1525,6 +1548,26 @@ class RowSink:
         self.ready()
 
 
+class WeightCopies:
+    """bf16 copies of the fp32 matrices, which the model computes with while training: cast once when the
+    matrices change (an optimizer step, a checkpoint's or warm-up's restore), not in every micro-step's
+    forward, and each copy's grad goes straight into its bucket's fp32 sum (as a bf16 parameter's does), so
+    backward makes no fp32 grad to add to .grad. The same function: the same casts, the same fp32 sums in the
+    same order. sync() finds changed matrices by their version counters (every in-place write bumps one)."""
+
+    def __init__(self, masters: list, dtype: torch.dtype):
+        self.masters = masters
+        self.copies = [p.detach().to(dtype).requires_grad_() for p in masters]
+        self.versions = [p._version for p in masters]
+
+    @torch.no_grad()
+    def sync(self):
+        stale = [i for i, p in enumerate(self.masters) if p._version != self.versions[i]]
+        if stale:
+            torch._foreach_copy_([self.copies[i] for i in stale], [self.masters[i] for i in stale])
+            self.versions = [p._version for p in self.masters]
+
+
 class ShardedOptimizer:
     """NorMuon for hidden matrices, Adam for the rest, ZeRO-1 style: gradients are reduce-scattered so each rank
     updates only its shard, then the updated parameters are all-gathered. A bucket's reduce-scatter starts from
@@ -1565,6 +1608,22 @@ class ShardedOptimizer:
 
     def active(self, b: Bucket) -> bool:
         return b.kind == "muon" or self.adam_now
+
+    def weight_copies(self, dtype: torch.dtype) -> WeightCopies:
+        """The NorMuon matrices' compute copies in dtype, whose grads (a micro-step's each) their buckets then
+        sum in fp32, as they sum bf16 parameters'."""
+        muon = [(i, b) for i, b in enumerate(self.buckets) if b.kind == "muon" and b.acc is None]
+        made = WeightCopies([p for _, b in muon for p in b.params], dtype)
+        copies, me = iter(made.copies), weakref.ref(self)
+        for i, b in muon:
+            b.acc = torch.zeros(b.numel, device=b.flat.device)
+            if self.comm.world == 1:  # as Bucket does for bf16 parameters
+                b.grad = b.acc
+            offset = 0
+            for p in b.params:
+                next(copies).register_post_accumulate_grad_hook(partial(_grad_ready_hook, me, i, offset))
+                offset += p.numel()
+        return made
 
     def row_sinks(self, weights: list) -> dict:
         """{weight: RowSink} for the embedding tables among `weights` that are bf16 (summed in fp32): the model
@@ -2206,6 +2265,7 @@ def build(cfg: Hyperparameters) -> Trainer:
         init_max_abs = max(p.detach().abs().max().item() for p in model.parameters())
         opt = ShardedOptimizer(*param_groups(model), cfg, comm)
         model.grad_sinks = opt.row_sinks([t.weight for t in model.tables()])
+        model.use_weight_copies(opt.weight_copies(torch.bfloat16))
         trainer = Trainer(cfg, comm, device, model, opt, train_loader, val_tokens, run_id, log_path,
                           Stopwatch(device), kernels, micro_batch=micro_batch(cfg, world), lock=lock,
                           init_max_abs=init_max_abs)

@@ -266,11 +266,53 @@ def test_row_sinks_sum_each_tables_grads():
         assert ((sunk - dense).norm() / dense.norm()).item() < 1e-2
 
 
+def test_weight_copies_train_bitwise_as_casting_in_forward():
+    """Three steps of two micro-steps each, the NorMuon matrices' bf16 compute copies against the plain model that
+    casts them in every forward and sums their fp32 grads in .grad: every parameter bitwise equal after each
+    step; the copies follow their matrices (each step's update, a reloaded state) and the matrices themselves
+    never get a grad."""
+    cfg = tg.parse_args(TINY)
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 4000, (2, 129), dtype=torch.int32, generator=gen) for _ in range(6)]
+    runs = []
+    for with_copies in (False, True):
+        torch.manual_seed(0)
+        model = tg.GPT(cfg)
+        opt = tg.ShardedOptimizer(*tg.param_groups(model), cfg, tg.Comm(0, 1))
+        model.grad_sinks = opt.row_sinks([t.weight for t in model.tables()])
+        copies = opt.weight_copies(torch.bfloat16) if with_copies else None
+        if copies:
+            model.use_weight_copies(copies)
+            assert len(copies.masters) == sum(len(v) for v in tg.param_groups(model)[0].values())
+            got_grads, ready = [], opt._grad_ready
+            opt._grad_ready = lambda b, offset, p: got_grads.append(id(p)) or ready(b, offset, p)
+        after = []
+        for step in range(3):
+            if step == 2:  # a state loaded in place (as a checkpoint's or warm-up's restore does)
+                model.load_state_dict({k: v + 0.01 if v.dtype == torch.float32 else v
+                                       for k, v in model.state_dict().items()})
+            for i in range(2):
+                opt.reduce_in_backward = i == 1
+                seq = batches[2 * step + i]
+                model(seq[:, :-1], seq[:, 1:], torch.tensor([128, 256]), W3)[0].backward()
+                if copies:  # the forward computed with the copies: their grads came, the matrices' did not
+                    assert {id(c) for c in copies.copies} <= set(got_grads)
+                    assert not {id(p) for p in copies.masters} & set(got_grads)
+                    assert all(torch.equal(c, p.bfloat16()) for c, p in zip(copies.copies, copies.masters))
+                    got_grads.clear()
+            opt.step(1.0, 0.9)
+            after.append([p.detach().clone() for p in model.parameters()])
+        runs.append(after)
+    for step, (plain, copied) in enumerate(zip(*runs)):
+        for a, b in zip(plain, copied):
+            assert torch.equal(a, b), step
+
+
 @pytest.mark.parametrize("whole", [True, False])
 def test_both_compile_scopes_compute_the_eager_step(whole):
     """--compile_scope model and blocks, traced by torch.compile (aot_eager: dynamo and autograd's graphs
-    without inductor's codegen, which takes minutes on CPU), give the eager model's loss and the grads the
-    optimizer reduces. Block by block, late layers' buckets launch before backward reaches the embedding."""
+    without inductor's codegen, which takes minutes on CPU) with the matrices' compute copies as training
+    has them, give the eager model's loss and the grads the optimizer reduces. Block by block, late layers' buckets launch before backward reaches the embedding."""
     torch._dynamo.reset()  # graphs compiled by earlier tests would be reused without reaching `backend`
     cfg = tg.parse_args(TINY)
     seq = torch.randint(0, 50257, (257,), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
@@ -289,6 +331,8 @@ def test_both_compile_scopes_compute_the_eager_step(whole):
             model.compile_regions(whole=whole, backend=backend)
         opt = tg.ShardedOptimizer(*tg.param_groups(model), cfg, tg.Comm(0, 1))
         model.grad_sinks = opt.row_sinks([t.weight for t in model.tables()])
+        if compiled:  # as build() sets up training; eager casts its matrices itself
+            model.use_weight_copies(opt.weight_copies(torch.bfloat16))
         seen, sink = [], model.grad_sinks[model.embed.weight]
         sink.add = lambda ids, g, add=sink.add: seen.append(opt.launched) or add(ids, g)
         opt.reduce_in_backward = True
