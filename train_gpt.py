@@ -106,8 +106,8 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #   - RoPE turns dims j and j + d/2 together (the record turns neighbours 2j, 2j+1): a fixed permutation of
 #     head dims, the same model. The attention scale multiplies q inside the QK-norm + rotary op.
 #   - q and k come from one matmul and v from another; the output projection and MLP weights are fp32 (the
-#     record keeps bf16 weights plus a 16-bit mantissa: the same precision), computed with through bf16 copies
-#     made once a step (WeightCopies), whose grads sum into fp32; losses are summed, not averaged
+#     record keeps bf16 weights plus a 16-bit mantissa: the same precision); training multiplies by their bf16
+#     copies, made once a step, whose grads sum into fp32 (WeightCopies); losses are summed, not averaged
 #     (both optimizers ignore the loss's scale); the head runs in bf16 for validation, as the record's does.
 #   - Position 0 of every sequence hashes to the bigram table's last row. The record's in-place `x[0] = mod`
 #     also moves its position 1 (one token in 16K); ours keeps the rule as the record describes it.
@@ -3520,7 +3520,7 @@ if triton is not None:
         if post_desc is None:
             r = tl.maximum(s, 0.0)
             c = r * r
-        else:  # sqrt.approx: 2^-22 relative, far inside bf16's rounding
+        else:  # Triton's fast square root: its error is far inside bf16's rounding
             c = 2.0 * tl.sqrt(post_desc.load([row, col]).to(tl.float32)) * s
         c_desc.store([row, col], c.to(tl.bfloat16))
 
