@@ -1,4 +1,5 @@
-"""Time the ReLU^2 MLP's matmuls at one micro-step (16,384 tokens, dim 768 -> 3072, bf16), on one GPU:
+"""Time the ReLU^2 MLP's matmuls at one forward pass of the default on one GPU (two 16K sequences: 32,768 tokens;
+dim 768 -> 3072, bf16):
 
 1. each direction's fused ReLU^2 matmul kernel (relu_square_mm) at each launch of TILES against cuBLAS's
    matmul plus inductor's compiled ReLU^2 pass (forward: s = x @ fc_w.T, then relu(s)^2; backward: g @ proj_w.T,
@@ -10,7 +11,7 @@ Prints ms per call (median of --repeats runs of --n calls) and the fused outputs
 cuBLAS's; --write FILE saves the fastest (forward, backward) launch as JSON (for stagebench.py --mlp_tiles).
 A launch that does not fit the GPU (shared memory) is reported and skipped. One process on the GPU at a time.
 
-    python records/bench/mlpbench.py [--tokens 16384] [--n 50] [--repeats 5] [--write best.json]
+    python records/bench/mlpbench.py [--tokens 32768] [--n 50] [--repeats 5] [--write best.json]
 """
 import argparse
 import json
@@ -102,7 +103,7 @@ def module_part(tiles_list, n, repeats, tokens):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=16384)
+    parser.add_argument("--tokens", type=int, default=32768)
     parser.add_argument("--n", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--write", help="save the fastest (forward, backward) launch here, as JSON")
