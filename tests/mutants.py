@@ -64,11 +64,11 @@ MUTANTS = {
         [f"{T}::test_stationary_keys_take_their_predecessors_values", REFERENCE]),
     "attention gate after the output projection": ("train_gpt.py", [
         ("        y = (y * gate(x, self.gate_w)[..., None]).reshape(B, T, H * D)\n"
-         "        return sa[1] * mm(y, self.vo_w[1].type_as(y).mT)\n",
-         "        y = sa[1] * mm(y.reshape(B, T, H * D), self.vo_w[1].type_as(y).mT)\n"
+         "        return sa[1] * mm(y, vo_w[1].mT)\n",
+         "        y = sa[1] * mm(y.reshape(B, T, H * D), vo_w[1].mT)\n"
          "        return (y.view(B, T, H, D) * gate(x, self.gate_w)[..., None]).view(B, T, H * D)\n")], [REFERENCE]),
     "v not scaled by its lambda": ("train_gpt.py", [
-        ("        v = sa[0] * mm(x, self.vo_w[0]", "        v = 1 * mm(x, self.vo_w[0]")], [REFERENCE]),
+        ("        v = sa[0] * mm(x, vo_w[0]", "        v = 1 * mm(x, vo_w[0]")], [REFERENCE]),
     "value-embedding gate ignored": ("train_gpt.py", [
         ("            v = v + 2 * gate(ve_in, self.ve_gate_w)[..., None] * ve.view_as(v)", "            v = v + ve.view_as(v)")],
         [REFERENCE, f"{T}::test_attention_and_value_gates_scale_each_head"]),
