@@ -1597,14 +1597,18 @@ class ShardedOptimizer:
             self.buckets.append(Bucket(params, "adam", group, math.ceil(numel / comm.world), comm.world))
         self.head = next((b for b in self.buckets if b.group == "head"), None)
         self.params = [p for b in self.buckets for p in b.params]  # fixed order, the same at any world size
-        # a tensor's hooks live in C++, where the cycle collector cannot see them: a hook holding the optimizer
-        # (which holds the parameter) would keep both alive for ever, so it holds a weak reference
-        me = weakref.ref(self)
         for i, b in enumerate(self.buckets):
-            offset = 0
-            for p in b.params:
-                p.register_post_accumulate_grad_hook(partial(_grad_ready_hook, me, i, offset))
-                offset += p.numel()
+            self._hook_grads(i, b.params)
+
+    def _hook_grads(self, i: int, tensors: list):
+        """Each of tensors (bucket i's parameters, or what stands in for them) hands its grad, once accumulated,
+        to _grad_ready at its parameter's offset in the bucket. A tensor's hooks live in C++, where the cycle
+        collector cannot see them: a hook holding the optimizer (which holds the parameter) would keep both alive
+        for ever, so it holds a weak reference."""
+        me, offset = weakref.ref(self), 0
+        for p, t in zip(self.buckets[i].params, tensors, strict=True):
+            t.register_post_accumulate_grad_hook(partial(_grad_ready_hook, me, i, offset))
+            offset += p.numel()
 
     def active(self, b: Bucket) -> bool:
         return b.kind == "muon" or self.adam_now
@@ -1614,15 +1618,12 @@ class ShardedOptimizer:
         sum in fp32, as they sum bf16 parameters'."""
         muon = [(i, b) for i, b in enumerate(self.buckets) if b.kind == "muon" and b.acc is None]
         made = WeightCopies([p for _, b in muon for p in b.params], dtype)
-        copies, me = iter(made.copies), weakref.ref(self)
+        copies = iter(made.copies)
         for i, b in muon:
             b.acc = torch.zeros(b.numel, device=b.flat.device)
             if self.comm.world == 1:  # as Bucket does for bf16 parameters
                 b.grad = b.acc
-            offset = 0
-            for p in b.params:
-                next(copies).register_post_accumulate_grad_hook(partial(_grad_ready_hook, me, i, offset))
-                offset += p.numel()
+            self._hook_grads(i, [next(copies) for _ in b.params])
         return made
 
     def row_sinks(self, weights: list) -> dict:

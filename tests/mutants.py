@@ -112,9 +112,9 @@ MUTANTS = {
     "matrices cast in forward though copies are kept": ("train_gpt.py", [
         ("    return copy if copy is not None and copy.dtype == x.dtype else getattr(module, name).type_as(x)",
          "    return getattr(module, name).type_as(x)")], ["tests/test_training.py::test_weight_copies_train_bitwise_as_casting_in_forward"]),
-    "each copy's grad summed at its bucket's start": ("train_gpt.py", [
-        ("next(copies).register_post_accumulate_grad_hook(partial(_grad_ready_hook, me, i, offset))\n                offset += p.numel()",
-         "next(copies).register_post_accumulate_grad_hook(partial(_grad_ready_hook, me, i, offset))\n                offset += 0")], ["tests/test_training.py::test_weight_copies_train_bitwise_as_casting_in_forward"]),
+    "copies' grads summed at each other's offsets": ("train_gpt.py", [
+        ("            self._hook_grads(i, [next(copies) for _ in b.params])",
+         "            self._hook_grads(i, [next(copies) for _ in b.params][::-1])")], ["tests/test_training.py::test_weight_copies_train_bitwise_as_casting_in_forward"]),
     "fused MLP's backward: relu(pre)'s grad without its 2": ("train_gpt.py", [
         ("    return (2 * post.to(f).sqrt() * s.to(f)).to(s.dtype)", "    return (post.to(f).sqrt() * s.to(f)).to(s.dtype)")],
         ["tests/test_training.py::test_relu_square_mlp_op_has_the_rules_grads"]),
