@@ -1522,11 +1522,18 @@ class Bucket:
         self.state_sizes = sizes
         self.state = {name: torch.zeros(shard_numel if kind == "adam" or name == "momentum" else per_slot * s[0],
                                         device=device) for name, s in sizes.items()}
-        self.acc = torch.zeros(self.numel, device=device) if params[0].dtype != torch.float32 else None
-        if world == 1 and self.acc is not None:  # one process: the sum is the grad the optimizer reads, as it is
-            self.grad = self.acc                 # (the bigram table's sum alone is 773 MB)
+        self.acc = None
+        if params[0].dtype != torch.float32:
+            self.sum_in_fp32(world)
         self.ready = 0      # params of this bucket whose grads are final
         self.work = None    # the collective in flight
+
+    def sum_in_fp32(self, world: int):
+        """Sum the micro-steps' grads in fp32 (acc); on one process the sum is the grad the optimizer reads, as
+        it is (the bigram table's sum alone is 773 MB)."""
+        self.acc = torch.zeros(self.numel, device=self.flat.device)
+        if world == 1:
+            self.grad = self.acc
 
 
 def _grad_ready_hook(opt_ref, bucket_index: int, offset: int, param: Tensor):
@@ -1620,9 +1627,7 @@ class ShardedOptimizer:
         made = WeightCopies([p for _, b in muon for p in b.params], dtype)
         copies = iter(made.copies)
         for i, b in muon:
-            b.acc = torch.zeros(b.numel, device=b.flat.device)
-            if self.comm.world == 1:  # as Bucket does for bf16 parameters
-                b.grad = b.acc
+            b.sum_in_fp32(self.comm.world)
             self._hook_grads(i, [next(copies) for _ in b.params])
         return made
 
