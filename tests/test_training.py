@@ -312,7 +312,8 @@ def test_weight_copies_train_bitwise_as_casting_in_forward():
 def test_both_compile_scopes_compute_the_eager_step(whole):
     """--compile_scope model and blocks, traced by torch.compile (aot_eager: dynamo and autograd's graphs
     without inductor's codegen, which takes minutes on CPU) with the matrices' compute copies as training
-    has them, give the eager model's loss and the grads the optimizer reduces. Block by block, late layers' buckets launch before backward reaches the embedding."""
+    has them, give the eager model's loss and the grads the optimizer reduces. Block by block, late layers'
+    buckets launch before backward reaches the embedding."""
     torch._dynamo.reset()  # graphs compiled by earlier tests would be reused without reaching `backend`
     cfg = tg.parse_args(TINY)
     seq = torch.randint(0, 50257, (257,), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
