@@ -179,6 +179,8 @@ MUTANTS = {
         ("out=denom).div_(1 - betas[0] ** step)", "out=denom)")], [T]),
     "weight decay not cautious": ("train_gpt.py", [
         ("    agree = step > 0 if strict else step >= 0", "    agree = step == step")], [T]),
+    "divergence check blind to -inf (max alone)": ("train_gpt.py", [
+        ("torch.stack(torch.aminmax(t)).isfinite()", "torch.stack((t.max(), t.max())).isfinite()")], [T]),
     "Adam every step": ("train_gpt.py", [("    return step % 2 == 1\n", "    return True\n")], [SCHEDULES]),
     "embedding not tied to lm_head": ("train_gpt.py", [
         ("        if b is self.head and self.tied:  # the embedding's grad", "        if False:  # the embedding's grad")],

@@ -661,6 +661,19 @@ def test_normuon_normalizes_neurons_of_the_orthogonalized_momentum(monkeypatch):
             torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-4)
 
 
+def test_finite_agrees_with_isfinite_all():
+    """finite (the optimizer's divergence check) against isfinite().all(): NaN, +inf or -inf at the first, a
+    middle or the last place, one of each together, none, and an empty tensor."""
+    gen = torch.Generator().manual_seed(0)
+    for bad in ([], [float("nan")], [float("inf")], [-float("inf")], [float("nan"), float("inf"), -float("inf")]):
+        for where in (0, 500, 999):
+            t = torch.randn(1000, generator=gen) * 1e30
+            for k, value in enumerate(bad):
+                t[(where + 7 * k) % t.numel()] = value
+            assert bool(tg.finite(t)) == bool(t.isfinite().all()), (bad, where)
+    assert bool(tg.finite(torch.empty(0)))
+
+
 def test_cautious_step_decays_only_where_update_and_weight_agree():
     p = torch.tensor([1.0, 1.0, -1.0, -1.0, 2.0, 0.0])
     u = torch.tensor([0.5, -0.5, 0.5, -0.5, 0.0, 1.0])

@@ -600,6 +600,44 @@ def test_cuda_row_sink_adds_rows_in_fp32():
         assert ready == [1]
 
 
+def fused_optimizer_step_cases(device: str, seed: int = 0):
+    """(what, result, reference, atol) for cautious_step_fused against the rules (adam_update, cautious_step)
+    in float64 on the CPU: Adam at the head's betas (lerp's formula for a weight of 1/2) and the embeddings'
+    (under 1/2), at the first step and a later one, then Muon's cautious step alone; some updates exactly zero,
+    where only the non-strict rule decays. A ragged size (not a multiple of the kernel's block). atol: a few
+    fp32 ulps of the operands (p ~ 1, the moments ~ 1e-3 and 1e-6), for results that cancel to near zero."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    n, zeros = 100_003, 1000
+
+    def rand(scale=1.0):
+        return torch.randn(n, device=device, generator=gen) * scale
+
+    cases = []
+    for betas, step in (((0.5, 0.95), 1), ((0.75, 0.95), 7)):
+        p, g, m, v = rand(), rand(1e-3), rand(1e-3), rand(1e-3).square()
+        g[:zeros], m[:zeros] = 0.0, 0.0  # Adam's direction is exactly 0 there
+        want = [t.cpu().double() for t in (p, g, m, v)]
+        tg.cautious_step(want[0], tg.adam_update(*want[1:], step, betas, 1e-10), 0.6, 0.01, strict=True)
+        tg.cautious_step_fused(p, m, 0.6, 0.01, True, adam=(g, v, step, betas, 1e-10))
+        for name, got, ref, atol in zip(("p", "exp_avg", "exp_avg_sq"), (p, m, v), (want[0], want[2], want[3]),
+                                        (1e-6, 1e-9, 1e-12)):
+            cases.append((f"adam {betas} step {step}: {name}", got, ref, atol))
+    p, u = rand(), rand()
+    u[:zeros] = 0.0
+    want = p.cpu().double()
+    tg.cautious_step(want, u.cpu().double(), 0.02, 0.01, strict=False)
+    tg.cautious_step_fused(p, u, 0.02, 0.01, strict=False)
+    return cases + [("muon's cautious step", p, want, 1e-6)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_fused_optimizer_steps_match_float64():
+    """The optimizers' one-kernel updates (cautious_step_fused) against their rules in float64: within fp32's
+    rounding (a few ulps), and the decay where the direction is zero exactly as the rule has it."""
+    for what, got, want, atol in fused_optimizer_step_cases("cuda"):
+        torch.testing.assert_close(got.cpu().double(), want, rtol=2e-6, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_transposed_equals_torch_transpose():
     """The Triton transpose of fp8 tensors, at the head's shapes and at ragged ones (partial tiles)."""
