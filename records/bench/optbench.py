@@ -12,7 +12,6 @@ step. One process on the GPU at a time.
     python records/bench/optbench.py [--n 5] [--repeats 5]
 """
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -20,25 +19,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import train_gpt as tg  # noqa: E402
+from mlpbench import median_ms  # noqa: E402  (this folder: a script's own folder is on its path)
 
 ADAM_BUCKETS = {"head": 77_266_944, "embeds": 386_334_720}  # the default's (param_groups), one process
 MUON_VALUES = 75_497_472
 BETAS = {"head": tg.ADAM_GROUPS["head"].betas, "embeds": tg.ADAM_GROUPS["embeds"].betas}
-
-
-def median_ms(fn, n: int, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(n):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / n)
-    return statistics.median(times)
 
 
 def main(argv=None):
