@@ -2318,7 +2318,7 @@ def train_step(trainer: Trainer, step: int) -> float:
     num_seqs, B = batch_seqs_at(step, cfg), trainer.micro_batch
     seqs = trainer.train_loader.next_batch(num_seqs, max_doc_len_at(step, cfg))
     for i in range(0, len(seqs), B):
-        seq = torch.stack(seqs[i:i + B]).to(trainer.device, non_blocking=True)
+        seq = to_device(torch.stack(seqs[i:i + B]), trainer.device)
         trainer.opt.reduce_in_backward = i + B >= len(seqs)  # the last micro-step's grads are final: reduce them now
         mtp_loss, next_token_loss = trainer.model(seq[:, :-1], seq[:, 1:], trainer.windows, trainer.mtp)
         mtp_loss.backward()
@@ -2348,6 +2348,12 @@ def train_step(trainer: Trainer, step: int) -> float:
                                 f"guessing uniformly "
                           f"among {cfg.vocab_size:,} tokens (ln {cfg.vocab_size} = {uniform:.4f})")
     return train_loss
+
+
+def to_device(t: Tensor, device: torch.device) -> Tensor:
+    """t (on the host) copied to device without the host waiting for the GPU: a copy from pageable memory may
+    wait for the stream to reach it (CUDA's API synchronization rules), one from pinned memory is only queued."""
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
 
 def tokens_before(step: int, cfg: Hyperparameters) -> int:
