@@ -2460,6 +2460,37 @@ def kernel_category(kernel: str) -> str:
 
 
 PROFILE_KERNELS = 100  # listed by name: the compiled glue is many small kernels
+# idle GPU between kernels, by the gap's length: under 10 us the launch latency of a GPU the host keeps fed;
+# longer, the host fell behind or waited (a sync, a pageable copy, the step's end)
+GAP_BOUNDS_US = (10, 100, 1000)
+PROFILE_GAPS = 8  # the longest gaps listed, with the kernels on either side
+
+
+def idle_gaps(spans: list) -> list:
+    """The idle stretches of a GPU between (start_us, end_us, name) spans of its kernels and copies, streams
+    merged: (length_us, the name before, the name after) for each stretch no span covers."""
+    spans = sorted(spans)
+    gaps, (_, end, before) = [], spans[0]
+    for start, stop, name in spans[1:]:
+        if start > end:
+            gaps.append((start - end, before, name))
+        if stop > end:
+            end, before = stop, name
+    return gaps
+
+
+def gap_lines(gaps: list, steps: int) -> list:
+    """The profile's account of idle time per step: by GAP_BOUNDS_US, then the PROFILE_GAPS longest gaps."""
+    edges = (0, *GAP_BOUNDS_US, math.inf)
+    lines = [f"idle between kernels, per step: {sum(g for g, _, _ in gaps) / 1000 / steps:.2f} ms in "
+             f"{len(gaps) / steps:.0f} gaps"]
+    for lo, hi in zip(edges, edges[1:]):
+        inside = [g for g, _, _ in gaps if lo <= g < hi]
+        lines.append(f"  gaps of {lo}-{hi} us: {len(inside) / steps:7.1f} per step, "
+                     f"{sum(inside) / 1000 / steps:7.2f} ms")
+    lines.append(f"  the {PROFILE_GAPS} longest (us, kernel before -> kernel after):")
+    lines += [f"  {g:9.0f}  {a[:60]} -> {b[:60]}" for g, a, b in sorted(gaps, reverse=True)[:PROFILE_GAPS]]
+    return lines
 
 
 @contextlib.contextmanager
@@ -2488,6 +2519,9 @@ def profiled(trainer: Trainer, step: int):
                  f"{wall:.1f} ms of training time per step ({busy / wall:.0%} busy; the profiler itself slows the "
                  f"host); step_avg so far {trainer.clock.ms / max(trainer.step, 1):.1f} ms"]
         lines += [f"{name:<26} {ms:9.2f} ms" for name, ms in by_category.items()]
+        spans = [(e.time_range.start, e.time_range.end, e.name) for e in trainer.profiler.events()
+                 if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start]
+        lines += [""] + gap_lines(idle_gaps(spans), steps) if spans else []
         lines += ["", "costliest kernels (ms per step):"]
         lines += [f"{ms:9.2f}  {key[:150]}" for key, ms in sorted(kernels, key=lambda k: -k[1])[:PROFILE_KERNELS]]
         if trainer.comm.rank == 0:

@@ -241,6 +241,9 @@ MUTANTS = {
     "profiler counts torch's copy kernels as other kernels": ("train_gpt.py", [
         ('r"^(?!triton_).*([Mm]emcpy|[Mm]emset|copy_kernel|[Ff]ill)"', 'r"^(?!triton_).*([Mm]emcpy|[Mm]emset|[Ff]ill)"')],
         ["tests/test_training.py::test_profiler_sorts_kernels_by_what_they_do"]),
+    "profiler's idle gaps counted per stream, not over the streams merged": ("train_gpt.py", [
+        ("        if stop > end:\n            end, before = stop, name", "        end, before = stop, name")],
+        ["tests/test_training.py::test_idle_gaps_are_the_time_no_kernel_covers"]),
     "GPU out-of-memory shown as a traceback": ("train_gpt.py", [
         ("    if isinstance(e, torch.OutOfMemoryError):", "    if False:")], ["tests/test_trust.py"]),
     "help text with a bare %": ("train_gpt.py", [('.replace("%", "%%")', '')],

@@ -6,6 +6,7 @@ import json
 import math
 import multiprocessing
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -787,6 +788,28 @@ def test_profiler_sorts_kernels_by_what_they_do():
         "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>": "other",
     }
     assert {name: tg.kernel_category(name) for name in names} == names
+
+
+def test_idle_gaps_are_the_time_no_kernel_covers():
+    """idle_gaps against a microsecond grid: random kernels on three streams, overlapping, nested and adjacent;
+    the gaps are the grid's uncovered runs between the first start and the last end, in length and number, and
+    each gap ends where the kernel it names as after starts."""
+    gen = random.Random(0)
+    for trial in range(200):
+        spans = []
+        for i in range(gen.randint(1, 12)):
+            start = gen.randint(0, 60)
+            spans.append((start, start + gen.randint(1, 15), f"k{i}"))
+        covered = {t for start, stop, _ in spans for t in range(start, stop)}
+        first, last = min(s for s, _, _ in spans), max(e for _, e, _ in spans)
+        idle = [t for t in range(first, last) if t not in covered]
+        runs = sum(1 for t in idle if t - 1 not in idle)
+        gaps = tg.idle_gaps(spans)
+        assert sum(g for g, _, _ in gaps) == len(idle) and len(gaps) == runs, (trial, spans, gaps)
+        starts = {name: start for start, _, name in spans}
+        ends = {name: stop for _, stop, name in spans}
+        for g, before, after in gaps:
+            assert starts[after] - ends[before] == g, (trial, spans, gaps)
 
 
 # ---- data
