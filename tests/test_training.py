@@ -639,6 +639,37 @@ def test_cuda_fused_optimizer_steps_match_float64():
         torch.testing.assert_close(got.cpu().double(), want, rtol=2e-6, atol=atol, msg=lambda m: f"{what}: {m}")
 
 
+def mm_add_misses(device: str) -> list:
+    """mm_add against float64 on the Polar Express shapes (a stack of wide matrices, a Gram matrix, one wide
+    matrix, a transposed view): the elements off by more than half a bf16 step from the exact value, i.e. not
+    one rounding of it (fp32 sums' own error puts a few in 10^5 on the other side of a rounding boundary)."""
+    gen = torch.Generator().manual_seed(0)
+    misses = []
+    for c_shape, a_shape, b_shape, beta, alpha in [((4, 768, 3072), (4, 768, 768), (4, 768, 3072), 3.89, 1.0),
+                                                   ((4, 768, 768), (4, 768, 768), (4, 768, 768), -2.77, 0.506),
+                                                   ((768, 3072), (768, 768), (768, 3072), 8.16, 1.0)]:
+        c, a, b = (torch.randn(shape, generator=gen).mul(0.1).bfloat16().to(device)
+                   for shape in (c_shape, a_shape, b_shape))
+        for cc, bb in [(c, b), (c.mT.contiguous().mT, b)]:  # contiguous, and c as polar_express's X.mT
+            got = tg.mm_add(cc, a, bb, beta, alpha).double().cpu()
+            want = beta * cc.double().cpu() + alpha * (a.double().cpu() @ bb.double().cpu())
+            half_step = want.abs().clamp_min(2 ** -126).log2().floor().exp2() * 2 ** -8
+            misses.append(((got - want).abs() > half_step * 1.0001).float().mean().item())
+    return misses
+
+
+def test_mm_add_rounds_once():
+    """The CPU path (fp32 sums, one rounding). The three ops it replaced (a @ b, beta c, their sum, each
+    rounded to bf16) miss 34-38% of the elements here."""
+    assert max(mm_add_misses("cpu")) < 1e-3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_mm_add_rounds_once():
+    """cuBLAS's baddbmm / addmm with beta: the sums and beta c in fp32, one rounding to bf16."""
+    assert max(mm_add_misses("cuda")) < 1e-3
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_transposed_equals_torch_transpose():
     """The Triton transpose of fp8 tensors, at the head's shapes and at ragged ones (partial tiles)."""
