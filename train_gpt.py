@@ -694,7 +694,10 @@ def mm_add(c: Tensor, a: Tensor, b: Tensor, beta: float, alpha: float = 1.0) -> 
     round three times (the record's polar_express calls baddbmm so). On CPU the same function in fp32 (see mm)."""
     if a.device.type == "cpu" and a.dtype == torch.bfloat16:
         return (beta * c.float() + alpha * (a.float() @ b.float())).bfloat16()
-    return (torch.baddbmm if a.dim() == 3 else torch.addmm)(c, a, b, beta=beta, alpha=alpha)
+    if a.dim() == 2:
+        return torch.addmm(c, a, b, beta=beta, alpha=alpha)
+    out = torch.baddbmm(*(t.reshape(-1, *t.shape[-2:]) for t in (c, a, b)), beta=beta, alpha=alpha)
+    return out.view(*a.shape[:-2], *out.shape[-2:])
 
 
 def init_uniform(shape: tuple, std: float) -> Tensor:
@@ -3293,6 +3296,8 @@ def cautious_step_fused(p: Tensor, update: Tensor, lr: float, decay: float, stri
             grad, exp_avg_sq, step, betas, eps = adam
             update = adam_update(grad, update, exp_avg_sq, step, betas, eps)
         return cautious_step(p, update, lr, decay, strict)
+    if not adam:  # NorMuon's update of a tall stack comes from polar_express's transposed view
+        update = update.contiguous()
     grad, exp_avg_sq, step, (beta1, beta2), eps = adam or (update, update, 0, (1.0, 1.0), 0.0)
     assert all(t.dtype == torch.float32 and t.is_contiguous() and t.numel() == p.numel()
                for t in (p, update, grad, exp_avg_sq))

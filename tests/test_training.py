@@ -604,9 +604,10 @@ def test_cuda_row_sink_adds_rows_in_fp32():
 def fused_optimizer_step_cases(device: str, seed: int = 0):
     """(what, result, reference, atol) for cautious_step_fused against the rules (adam_update, cautious_step)
     in float64 on the CPU: Adam at the head's betas (lerp's formula for a weight of 1/2) and the embeddings'
-    (under 1/2), at the first step and a later one, then Muon's cautious step alone; some updates exactly zero,
-    where only the non-strict rule decays. A ragged size (not a multiple of the kernel's block). atol: a few
-    fp32 ulps of the operands (p ~ 1, the moments ~ 1e-3 and 1e-6), for results that cancel to near zero."""
+    (under 1/2), at the first step and a later one, then Muon's cautious step alone, also of an update that is a
+    transposed view; some updates exactly zero, where only the non-strict rule decays. A ragged size (not a
+    multiple of the kernel's block). atol: a few fp32 ulps of the operands (p ~ 1, the moments ~ 1e-3 and
+    1e-6), for results that cancel to near zero."""
     gen = torch.Generator(device=device).manual_seed(seed)
     n, zeros = 100_003, 1000
 
@@ -628,7 +629,14 @@ def fused_optimizer_step_cases(device: str, seed: int = 0):
     want = p.cpu().double()
     tg.cautious_step(want, u.cpu().double(), 0.02, 0.01, strict=False)
     tg.cautious_step_fused(p, u, 0.02, 0.01, strict=False)
-    return cases + [("muon's cautious step", p, want, 1e-6)]
+    cases.append(("muon's cautious step", p, want, 1e-6))
+    # a tall stack's update, as NorMuon hands it over: the transpose of polar_express's wide iterate
+    p, u = (torch.randn(shape, device=device, generator=gen) for shape in ((3, 301, 257), (3, 257, 301)))
+    u = u.mT
+    want = p.cpu().double()
+    tg.cautious_step(want, u.cpu().double(), 0.02, 0.01, strict=False)
+    tg.cautious_step_fused(p, u, 0.02, 0.01, strict=False)
+    return cases + [("muon's cautious step, a transposed update", p, want, 1e-6)]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -662,6 +670,18 @@ def test_mm_add_rounds_once():
     """The CPU path (fp32 sums, one rounding). The three ops it replaced (a @ b, beta c, their sum, each
     rounded to bf16) miss 34-38% of the elements here."""
     assert max(mm_add_misses("cpu")) < 1e-3
+
+
+def test_mm_add_takes_the_optimizers_stacks():
+    """The GEMM path (which fp32 takes on CPU too: baddbmm / addmm) for one matrix, a stack and a stack of
+    stacks (NorMuon's buckets view their grads as (matrices, *shape)), with c a transposed view as
+    polar_express's X of a tall matrix: beta c + alpha a @ b."""
+    gen = torch.Generator().manual_seed(0)
+    for lead in ((), (3,), (2, 3)):
+        a, b, c = (torch.randn(*lead, *shape, generator=gen) for shape in ((5, 5), (5, 7), (7, 5)))
+        got = tg.mm_add(c.mT, a, b, 2.5, -0.5)
+        torch.testing.assert_close(got.double(), 2.5 * c.mT.double() - 0.5 * a.double() @ b.double(), rtol=1e-5,
+                                   atol=1e-5)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
