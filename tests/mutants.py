@@ -244,6 +244,15 @@ MUTANTS = {
     "profiler's idle gaps counted per stream, not over the streams merged": ("train_gpt.py", [
         ("        if stop > end:\n            end, before = stop, name", "        end, before = stop, name")],
         ["tests/test_training.py::test_idle_gaps_are_the_time_no_kernel_covers"]),
+    "Polar Express's GEMM path takes one stack, not NorMuon's stacks of stacks": ("train_gpt.py", [
+        ("    out = torch.baddbmm(*(t.reshape(-1, *t.shape[-2:]) for t in (c, a, b)), beta=beta, alpha=alpha)\n"
+         "    return out.view(*a.shape[:-2], *out.shape[-2:])",
+         "    return torch.baddbmm(c, a, b, beta=beta, alpha=alpha)")],
+        ["tests/test_training.py::test_mm_add_takes_the_optimizers_stacks"]),
+    "Polar Express rounds a X, B X and their sum each to bf16": ("train_gpt.py", [
+        ("        return (beta * c.float() + alpha * (a.float() @ b.float())).bfloat16()",
+         "        return beta * c + alpha * mm(a, b)")],
+        ["tests/test_training.py::test_mm_add_rounds_once"]),
     "GPU out-of-memory shown as a traceback": ("train_gpt.py", [
         ("    if isinstance(e, torch.OutOfMemoryError):", "    if False:")], ["tests/test_trust.py"]),
     "help text with a bare %": ("train_gpt.py", [('.replace("%", "%%")', '')],
