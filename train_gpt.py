@@ -2533,7 +2533,7 @@ def profiled(trainer: Trainer, step: int):
         lines += [f"{name:<26} {ms:9.2f} ms" for name, ms in by_category.items()]
         spans = [(e.time_range.start, e.time_range.end, e.name) for e in trainer.profiler.events()
                  if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start]
-        lines += [""] + gap_lines(idle_gaps(spans), steps) if spans else []
+        lines += ([""] + gap_lines(idle_gaps(spans), steps)) if spans else []
         lines += ["", "costliest kernels (ms per step):"]
         lines += [f"{ms:9.2f}  {key[:150]}" for key, ms in sorted(kernels, key=lambda k: -k[1])[:PROFILE_KERNELS]]
         if trainer.comm.rank == 0:

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 import train_gpt as tg  # noqa: E402
 from conftest import losses, make_sample_shards, tiny_args  # noqa: E402
-from test_training import fused_optimizer_step_cases  # noqa: E402
+from test_training import FUSED_STEP_RTOL, fused_optimizer_step_cases  # noqa: E402
 
 ROUNDING = 0.01  # largest loss difference taken for rounding in the 10-step run
 
@@ -39,7 +39,7 @@ def main() -> int:
     tg.on_gpu = lambda t: t.dtype == torch.float32  # fp32 tensors take the kernels; the float64 references not
     failed = 0
     for what, got, want, atol in fused_optimizer_step_cases("cpu"):
-        ok = torch.allclose(got.double(), want, rtol=2e-6, atol=atol)
+        ok = torch.allclose(got.double(), want, rtol=FUSED_STEP_RTOL, atol=atol)
         failed += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {what}: largest difference {(got.double() - want).abs().max():.2e}")
     gemm = tg.mm_add

@@ -601,6 +601,9 @@ def test_cuda_row_sink_adds_rows_in_fp32():
         assert ready == [1]
 
 
+FUSED_STEP_RTOL = 2e-6  # a few fp32 ulps: how far cautious_step_fused may be from its float64 rules
+
+
 def fused_optimizer_step_cases(device: str, seed: int = 0):
     """(what, result, reference, atol) for cautious_step_fused against the rules (adam_update, cautious_step)
     in float64 on the CPU: Adam at the head's betas (lerp's formula for a weight of 1/2) and the embeddings'
@@ -644,7 +647,8 @@ def test_cuda_fused_optimizer_steps_match_float64():
     """The optimizers' one-kernel updates (cautious_step_fused) against their rules in float64: within fp32's
     rounding (a few ulps), and the decay where the direction is zero exactly as the rule has it."""
     for what, got, want, atol in fused_optimizer_step_cases("cuda"):
-        torch.testing.assert_close(got.cpu().double(), want, rtol=2e-6, atol=atol, msg=lambda m: f"{what}: {m}")
+        torch.testing.assert_close(got.cpu().double(), want, rtol=FUSED_STEP_RTOL, atol=atol,
+                                   msg=lambda m: f"{what}: {m}")
 
 
 def mm_add_misses(device: str) -> list:
