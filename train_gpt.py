@@ -319,7 +319,6 @@ class KernelSettings:
     ce_tiles: tuple = (8, 512, 8)        # softcapped CE: rows, vocab columns per tile, warps
     ce_tanh_approx: bool = True          # the cap's tanh as one tanh.approx op (records/2026-12-03_speed2-h200)
     transpose_tile: tuple = (64, 128)    # fp8 transpose tile (records/2026-12-03_speed-h200)
-    ce_stores_transposed: bool = False   # the CE kernel stores the grad's transpose too, not a second kernel
     mlp_tiles: tuple = None              # the MLP's fused ReLU^2 matmul (relu_square_mlp): its forward's tile,
                                          # then its backward's (MLP_TILE each); None: cuBLAS + compiled ReLU^2
 
@@ -1375,7 +1374,7 @@ class GPT(nn.Module):
             return loss, loss
         k = self.kernels
         return self.head_loss(x, self.head_w, targets, mtp_weights, self.fp8_head,
-                              (*k.ce_tiles, *k.transpose_tile, int(k.ce_stores_transposed)), k.ce_tanh_approx)
+                              (*k.ce_tiles, *k.transpose_tile), k.ce_tanh_approx)
 
 
 def param_groups(model: GPT) -> tuple[dict, dict]:
@@ -3241,7 +3240,7 @@ def softcap_ce_grad(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float, 
     the multi-token loss's grad wrt z in e5m2 units of grad_s, row-major and transposed (the two operands of
     the head's backward matmuls: FP8 matmuls take only K-contiguous operands). On GPU one kernel reads z twice
     and writes the grad, a second transposes it; launch = (rows, vocab columns, warps) of the first, the tile
-    of the second, and 1 where the first stores the transpose as well (no second kernel)."""
+    of the second."""
     if on_gpu(z):
         return _softcap_ce_cuda(z, targets, weights, grad_s, launch, approx, seq_len or z.size(0))
     loss, ntp, dz = softcap_ce_parts(z, targets, weights, seq_len)
@@ -3505,14 +3504,13 @@ def _softcap_ce_cuda(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float,
     T, V = z.shape
     loss, ntp = (torch.empty(T, device=z.device, dtype=torch.float32) for _ in range(2))
     g = torch.empty(T, V, device=z.device, dtype=torch.float8_e5m2)
-    block_t, block_v, warps, tile_r, tile_c, *stores_t = launch
-    g_t = torch.empty(V, T, device=z.device, dtype=torch.float8_e5m2) if any(stores_t) else None
+    block_t, block_v, warps, *tile = launch
     assert weights.numel() == MTP_TOKENS and weights.dtype == torch.float32
-    _softcap_ce_kernel[(triton.cdiv(T, block_t),)](z, targets, weights.contiguous(), loss, ntp, g, g_t, T, seq_len,
+    _softcap_ce_kernel[(triton.cdiv(T, block_t),)](z, targets, weights.contiguous(), loss, ntp, g, T, seq_len,
                                                    1 / grad_s, V=V, CAP=SOFTCAP, SHIFT=SOFTCAP_SHIFT, DIV=SOFTCAP_DIV,
                                                    TOP=E5M2_MAX, BLOCK_T=block_t, BLOCK_V=block_v, APPROX=approx,
                                                    num_warps=warps)
-    return loss, ntp, g, transposed(g, (tile_r, tile_c)) if g_t is None else g_t
+    return loss, ntp, g, transposed(g, tile)
 
 
 if triton is not None:
@@ -3532,7 +3530,7 @@ if triton is not None:
         return (_tanh((z + SHIFT) * (0.5 / DIV), APPROX) + 1.0) * HALF_CAP2
 
     @triton.jit
-    def _softcap_ce_kernel(z_ptr, targets_ptr, weights_ptr, loss_ptr, ntp_ptr, g_ptr, g_t_ptr, T, S, inv_grad_s,
+    def _softcap_ce_kernel(z_ptr, targets_ptr, weights_ptr, loss_ptr, ntp_ptr, g_ptr, T, S, inv_grad_s,
                            V: tl.constexpr, CAP: tl.constexpr, SHIFT: tl.constexpr, DIV: tl.constexpr,
                            TOP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, APPROX: tl.constexpr):
         """Rows [pid*BLOCK_T, +BLOCK_T) of softcap_ce_grad: a pass over the vocab for the log-sum-exp, a second
@@ -3540,8 +3538,7 @@ if triton is not None:
         sigmoid(u) = (1 + tanh(u/2)) / 2, so c - CAP = CAP/2 (t - 1) and dc/dz = CAP/(4 DIV) (1 - t^2).
         Exponentials are base 2 with log2(e) folded into the constants, and no running max is kept: the capped
         logits lie in (0, CAP), so exp(c - CAP) lies in (e^-CAP, 1] and a sum of them cannot overflow fp32. The
-        next 3 tokens' targets (k = 0, 1, 2, those in the row's sequence of S rows) carry weights[k]. With a
-        g_t_ptr each tile is stored transposed there too (BLOCK_T bytes to a run)."""
+        next 3 tokens' targets (k = 0, 1, 2, those in the row's sequence of S rows) carry weights[k]."""
         LOG2E: tl.constexpr = 1.4426950408889634
         HALF_CAP2: tl.constexpr = 0.5 * CAP * LOG2E  # c - CAP in base-2 units, per unit of (t - 1)
         rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)  # offsets pass 2^31
@@ -3580,8 +3577,6 @@ if triton is not None:
             g = dc * (1.0 - th * th) * (inv_grad_s * CAP / (4.0 * DIV))
             g = tl.minimum(tl.maximum(g, -TOP), TOP).to(tl.float8e5)
             tl.store(g_ptr + rows[:, None] * V + cols[None, :], g, mask=inside)
-            if g_t_ptr is not None:
-                tl.store(g_t_ptr + cols[:, None] * T + rows[None, :], tl.trans(g), mask=tl.trans(inside))
 
     @triton.jit
     def _relu_square_mm_kernel(a_desc, b_desc, c_desc, post_desc, M, N, K, PROGRAMS: tl.constexpr, BM: tl.constexpr,
