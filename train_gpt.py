@@ -832,6 +832,8 @@ def document_starts(idx: Tensor) -> Tensor:
     starts one too (sequences never see each other)."""
     pos = torch.arange(idx.numel(), device=idx.device)
     first = (idx.flatten() == BOS_ID) | (pos % idx.size(-1) == 0)
+    # a cumsum and scatter avoids cummax's one-block scan but broke Inductor's Flex lowering of the eval graph
+    # (records/2026-12-06_speed9-h100/eval_crash.txt)
     return torch.where(first, pos, 0).cummax(0).values
 
 
