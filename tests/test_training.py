@@ -802,6 +802,32 @@ def test_cuda_fp8_and_flex_match_fallbacks():
     torch.testing.assert_close(flex, dense, atol=2e-2, rtol=2e-2)
 
 
+def flex_with_its_mask_in_the_graph_matches_dense(device: str, T: int = 4096):
+    """Attention whose block mask is built inside the same compiled graph from the tokens, as the eval forward
+    builds it, against dense attention under the dense mask. A cumsum-and-scatter document_starts passed every
+    other CUDA test and broke Inductor's Flex lowering here (records/2026-12-06_speed9-h100/eval_crash.txt)."""
+    gen = torch.Generator(device).manual_seed(0)
+    tokens = torch.randint(0, 50000, (T,), device=device, generator=gen)
+    tokens[::700] = tg.BOS_ID
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32  # Inductor's CPU Flex template: fp32
+    q, k, v = (torch.randn(1, T, 2, 64, device=device, generator=gen, dtype=dtype) * 0.1 for _ in range(3))
+    window = torch.tensor(384, device=device)
+
+    def forward(q, k, v, tokens, window):
+        return tg.attention(q, k, v, tg.block_attention_mask(tg.first_visible(tg.document_starts(tokens), window)))
+
+    got = torch.compile(forward, dynamic=False)(q, k, v, tokens, window)
+    first = tg.first_visible(tg.document_starts(tokens), window)
+    want = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), scale=1.0,
+                                          attn_mask=tg.dense_attention_mask(first)).transpose(1, 2)
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_flex_with_its_mask_in_the_graph_matches_dense():
+    flex_with_its_mask_in_the_graph_matches_dense("cuda")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_compiled_block_mask_equals_eager():
     """At a paired val sequence's length (4096 blocks) and a training one's, as the whole-model graph compiles
