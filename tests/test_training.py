@@ -797,35 +797,33 @@ def test_cuda_fp8_and_flex_match_fallbacks():
     first = tg.first_visible(tg.document_starts(tokens), torch.tensor(384, device="cuda"))
     q, k, v = (torch.randn(1, T, 6, 128, device="cuda", dtype=torch.bfloat16) * 0.1 for _ in range(3))
     flex = torch.compile(tg.attention)(q, k, v, tg.attention_mask(first))
-    dense = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), scale=1.0,
-                                           attn_mask=tg.dense_attention_mask(first)).transpose(1, 2)
-    torch.testing.assert_close(flex, dense, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(flex, sdpa_under_dense_mask(q, k, v, first), atol=2e-2, rtol=2e-2)
 
 
-def flex_with_its_mask_in_the_graph_matches_dense(device: str, T: int = 4096):
+def sdpa_under_dense_mask(q, k, v, first):
+    """The reference for Flex: torch's SDPA over (1, T, heads, head_dim) with the dense mask of first."""
+    return F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), scale=1.0,
+                                          attn_mask=tg.dense_attention_mask(first)).transpose(1, 2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_flex_with_its_mask_in_the_graph_matches_dense():
     """Attention whose block mask is built inside the same compiled graph from the tokens, as the eval forward
     builds it, against dense attention under the dense mask. A cumsum-and-scatter document_starts passed every
-    other CUDA test and broke Inductor's Flex lowering here (records/2026-12-06_speed9-h100/eval_crash.txt)."""
-    gen = torch.Generator(device).manual_seed(0)
-    tokens = torch.randint(0, 50000, (T,), device=device, generator=gen)
+    other CUDA test and broke Inductor's Flex lowering here (records/2026-12-06_speed9-h100/eval_crash.txt).
+    CUDA only: on CPU training takes the dense mask, and Inductor's CPU Flex lowering did not compile this."""
+    T, gen = 4096, torch.Generator("cuda").manual_seed(0)
+    tokens = torch.randint(0, 50000, (T,), device="cuda", generator=gen)
     tokens[::700] = tg.BOS_ID
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32  # Inductor's CPU Flex template: fp32
-    q, k, v = (torch.randn(1, T, 2, 64, device=device, generator=gen, dtype=dtype) * 0.1 for _ in range(3))
-    window = torch.tensor(384, device=device)
+    q, k, v = (torch.randn(1, T, 2, 64, device="cuda", generator=gen, dtype=torch.bfloat16) * 0.1 for _ in range(3))
+    window = torch.tensor(384, device="cuda")
 
     def forward(q, k, v, tokens, window):
         return tg.attention(q, k, v, tg.block_attention_mask(tg.first_visible(tg.document_starts(tokens), window)))
 
     got = torch.compile(forward, dynamic=False)(q, k, v, tokens, window)
-    first = tg.first_visible(tg.document_starts(tokens), window)
-    want = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), scale=1.0,
-                                          attn_mask=tg.dense_attention_mask(first)).transpose(1, 2)
+    want = sdpa_under_dense_mask(q, k, v, tg.first_visible(tg.document_starts(tokens), window))
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_flex_with_its_mask_in_the_graph_matches_dense():
-    flex_with_its_mask_in_the_graph_matches_dense("cuda")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
