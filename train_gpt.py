@@ -2099,7 +2099,7 @@ class Trainer:
     last_good_checkpoint: str = ""  # the newest written while the run was healthy (see save_checkpoint)
     reached_target: bool = False
     target_ms: float = None       # training time at the first val at or below the target
-    vals: list = field(default_factory=list)  # (step, val loss) of this process's validations
+    vals: list = field(default_factory=list)  # (step, val loss) of the run's validations, resumes included
     log_open: bool = False
     profiler: object = None
     fingerprints: dict = None     # of the shards this run reads, once a checkpoint needs them
@@ -2861,6 +2861,10 @@ def restore(trainer: Trainer, ckpt: dict):
         raise UserError(f"checkpoint {cfg.resume} does not fit this model: {first_lines(e)}") from None
     trainer.train_loader.load_state(ckpt["loader"])
     trainer.step, trainer.clock.ms, trainer.last_checkpoint = ckpt["step"], ckpt["train_ms"], cfg.resume
+    # the summary covers the whole run: its vals and target time before the pause (older checkpoints: none)
+    trainer.vals = [tuple(v) for v in ckpt.get("vals", [])]
+    trainer.target_ms = ckpt.get("target_ms")
+    trainer.reached_target = trainer.target_ms is not None
     trainer.last_good_checkpoint = cfg.resume if ckpt["healthy"] else ""
 
 
@@ -2944,7 +2948,7 @@ def save_checkpoint(trainer: Trainer, loss: float = None):
             "optimizer": trainer.opt.state_dict(),
             "loader": trainer.train_loader.state(), "step": trainer.step, "train_ms": trainer.clock.ms,
             "config": dataclasses.asdict(trainer.cfg), "source_sha256": source_sha256(), "run_id": trainer.run_id,
-            "data": trainer.data()}
+            "data": trainer.data(), "vals": list(trainer.vals), "target_ms": trainer.target_ms}
     if loss is not None:
         write_checkpoint(trainer, healthy(trainer, trainer.pending_checkpoint, loss))
     trainer.clock.start()

@@ -57,6 +57,7 @@ class Run:
     reached_target: int | None = None          # the step of the first val at or below the target
     resumed_at: list = field(default_factory=list)
     error: str = ""
+    paused: bool = False                       # ends in --stop_at's stopped_at line: resumable, not finished
 
     def tokens_through(self, step: int) -> int:
         """Training tokens in the first `step` steps: train_gpt.py's batches grow by a schedule (batch_seqs a
@@ -69,10 +70,11 @@ class Run:
 
     @property
     def status(self) -> str:
-        """done (trained all num_steps), stopped_early (at the target), or incomplete (crashed, cut, error)."""
+        """done (trained all num_steps), stopped_early (at the target), or incomplete (crashed, cut, error, paused)."""
         if self.final[0] == self.num_steps:
             return "done"
-        return "stopped_early" if self.reached_target is not None and not self.error else "incomplete"
+        stopped = self.reached_target is not None and not self.error and not self.paused
+        return "stopped_early" if stopped else "incomplete"
 
 
 def tokens_through(cfg: dict, step: int) -> int:
@@ -101,9 +103,11 @@ def parse_log(path) -> Run:
             run.val = [v for v in run.val if v[0] < at]
             run.train = [t for t in run.train if t[0] <= at]
             run.resumed_at.append(at)
-            run.error = ""
+            run.error, run.paused = "", False
             if run.reached_target is not None and run.reached_target >= at:
                 run.reached_target = None
+        elif "stopped_at" in kv:
+            run.paused = True
         elif "reached_target" in kv:  # also the older `step:S/N reached_target:X` form
             run.reached_target = int(kv.get("at_step") or kv["step"].split("/")[0])
         elif "step" in kv and "/" in kv["step"]:

@@ -61,6 +61,8 @@ def test_resume_appends_to_its_log_and_continues_bitwise(sample_shards, run6, tm
     for name, p in end_a["model"].items():
         assert torch.equal(p, end_b["model"][name]), name
     assert end_a["loader"] == end_b["loader"]
+    # its validations, before the resume and after, go on into the next checkpoint (and the summary)
+    assert [(s, round(v, 4)) for s, v in end_b["vals"]] == [(s, v) for s, v, _ in run.val]
 
 
 @pytest.mark.parametrize("change,says", [
@@ -90,9 +92,11 @@ def test_resume_refuses_a_finished_run(sample_shards, run6, tmp_path):
 
 def test_stop_at_pauses_with_a_checkpoint_and_the_resumed_run_is_the_uninterrupted_one(sample_shards, run6, tmp_path):
     """--stop_at 4 (not a val or save step): a validation and a checkpoint at step 4, no summary; resumed without
-    it, the same losses and final weights as run6, which never paused."""
+    it, the same losses and final weights as run6, which never paused, and a summary of the whole run (a
+    target of 20 is reached by step 0's validation, before the pause)."""
     d, full = run6
-    log = tg.main(resume_args(sample_shards, tmp_path, "--run_id", "r", "--save_every", "0", "--stop_at", "4"))
+    target = ("--target_val_loss", "20")
+    log = tg.main(resume_args(sample_shards, tmp_path, "--run_id", "r", "--save_every", "0", "--stop_at", "4", *target))
     paused = log.read_text()
     assert re.search(r"^step:4/6 val_loss:\S+", paused, re.M) and not re.search("^summary:", paused, re.M)
     assert paused.rstrip().splitlines()[-1] == f"stopped_at:4/6 resume_with:{tmp_path / 'r_step000004.pt'}"
@@ -103,8 +107,14 @@ def test_stop_at_pauses_with_a_checkpoint_and_the_resumed_run_is_the_uninterrupt
                                 "--resume", str(tmp_path / "r_step000004.pt")))
     with pytest.raises(SystemExit, match="--stop_at 6 is not before the last step"):
         tg.main(resume_args(sample_shards, tmp_path, "--stop_at", "6"))
-    tg.main(resume_args(sample_shards, tmp_path, "--run_id", "r", "--resume", str(tmp_path / "r_step000004.pt")))
+    tg.main(resume_args(sample_shards, tmp_path, "--run_id", "r", "--resume", str(tmp_path / "r_step000004.pt"),
+                        *target))
     assert losses(log.read_text()) == losses(full)
+    vals = losses(log.read_text(), "val")
+    summary = dict(tool.PAIR.findall(log.read_text().rstrip().splitlines()[-1]))
+    best, best_step = min((v, s) for s, v in vals.items())
+    assert (float(summary["best_val"]), int(summary["best_at_step"])) == (best, best_step)
+    assert summary["target"] == "20.0_at_0.0s" and len(re.findall("^reached_target:", log.read_text(), re.M)) == 1
     end_a = torch.load(d / "r_step000006.pt", weights_only=True)
     end_b = torch.load(tmp_path / "r_step000006.pt", weights_only=True)
     assert all(torch.equal(p, end_b["model"][name]) for name, p in end_a["model"].items())
