@@ -2097,8 +2097,7 @@ class Trainer:
     step: int = 0                 # optimizer steps done
     last_checkpoint: str = ""     # the newest complete checkpoint of this run
     last_good_checkpoint: str = ""  # the newest written while the run was healthy (see save_checkpoint)
-    reached_target: bool = False
-    target_ms: float = None       # training time at the first val at or below the target
+    target_ms: float = None       # training time at the first val at or below the target (None: not yet)
     vals: list = field(default_factory=list)  # (step, val loss) of the run's validations, resumes included
     log_open: bool = False
     profiler: object = None
@@ -2412,8 +2411,8 @@ def validate(trainer: Trainer, step: int) -> bool:
         raise diverged(trainer, f"val loss is {val_loss} at step {step}")
     trainer.vals.append((step, val_loss))
     reached = val_loss <= cfg.target_val_loss
-    if reached and not trainer.reached_target:
-        trainer.reached_target, trainer.target_ms = True, trainer.clock.ms
+    if reached and trainer.target_ms is None:
+        trainer.target_ms = trainer.clock.ms
         trainer.log(log_line(reached_target=cfg.target_val_loss, at_step=step, train_time=f"{trainer.clock.ms:.0f}ms"))
     trainer.clock.start()
     return reached
@@ -2864,7 +2863,6 @@ def restore(trainer: Trainer, ckpt: dict):
     # the summary covers the whole run: its vals and target time before the pause (older checkpoints: none)
     trainer.vals = [tuple(v) for v in ckpt.get("vals", [])]
     trainer.target_ms = ckpt.get("target_ms")
-    trainer.reached_target = trainer.target_ms is not None
     trainer.last_good_checkpoint = cfg.resume if ckpt["healthy"] else ""
 
 

@@ -258,6 +258,15 @@ MUTANTS = {
     "help text with a bare %": ("train_gpt.py", [('.replace("%", "%%")', '')],
         ["tests/test_trust.py::test_help_lists_every_flag"]),
     # runs you can trust
+    "a resumed run forgets its validations before the pause": ("train_gpt.py", [
+        ('    trainer.vals = [tuple(v) for v in ckpt.get("vals", [])]\n', "")],
+        ["tests/test_trust.py::test_resume_appends_to_its_log_and_continues_bitwise"]),
+    "a resumed run forgets when it reached the target": ("train_gpt.py", [
+        ('    trainer.target_ms = ckpt.get("target_ms")\n', "")],
+        ["tests/test_trust.py::test_stop_at_pauses_with_a_checkpoint_and_the_resumed_run_is_the_uninterrupted_one"]),
+    "the records tool calls a paused run that reached the target stopped early": ("records/tool.py", [
+        ("not self.error and not self.paused", "not self.error")],
+        ["tests/test_trust.py::test_stop_at_pauses_with_a_checkpoint_and_the_resumed_run_is_the_uninterrupted_one"]),
     "a checkpoint's hash not checked": ("train_gpt.py", [
         ('    if content_digest(ckpt["model"], ckpt["optimizer"]) != ckpt["content_sha256"]:', "    if False:")],
         ["tests/test_trust.py::test_checkpoints_are_checked_when_read"]),

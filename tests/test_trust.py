@@ -109,12 +109,12 @@ def test_stop_at_pauses_with_a_checkpoint_and_the_resumed_run_is_the_uninterrupt
         tg.main(resume_args(sample_shards, tmp_path, "--stop_at", "6"))
     tg.main(resume_args(sample_shards, tmp_path, "--run_id", "r", "--resume", str(tmp_path / "r_step000004.pt"),
                         *target))
-    assert losses(log.read_text()) == losses(full)
-    vals = losses(log.read_text(), "val")
-    summary = dict(tool.PAIR.findall(log.read_text().rstrip().splitlines()[-1]))
-    best, best_step = min((v, s) for s, v in vals.items())
+    text = log.read_text()
+    assert losses(text) == losses(full)
+    summary = dict(tool.PAIR.findall(text.rstrip().splitlines()[-1]))
+    best, best_step = min((v, s) for s, v in losses(text, "val").items())
     assert (float(summary["best_val"]), int(summary["best_at_step"])) == (best, best_step)
-    assert summary["target"] == "20.0_at_0.0s" and len(re.findall("^reached_target:", log.read_text(), re.M)) == 1
+    assert summary["target"] == "20.0_at_0.0s" and len(re.findall("^reached_target:", text, re.M)) == 1
     end_a = torch.load(d / "r_step000006.pt", weights_only=True)
     end_b = torch.load(tmp_path / "r_step000006.pt", weights_only=True)
     assert all(torch.equal(p, end_b["model"][name]) for name, p in end_a["model"].items())
