@@ -832,9 +832,12 @@ def document_starts(idx: Tensor) -> Tensor:
     starts one too (sequences never see each other)."""
     pos = torch.arange(idx.numel(), device=idx.device)
     first = (idx.flatten() == BOS_ID) | (pos % idx.size(-1) == 0)
-    # a cumsum and scatter avoids cummax's one-block scan but broke Inductor's Flex lowering of the eval graph
-    # (records/2026-12-06_speed9-h100/eval_crash.txt)
-    return torch.where(first, pos, 0).cummax(0).values
+    # each token's document number, then each document's start (the non-starts write a spare slot): compiled,
+    # a cumsum is a fast scan where cummax took a one-block one (1.2 ms per stage-3 step,
+    # records/2026-12-06_speed9-h100)
+    doc = first.cumsum(0) - 1
+    at = pos.new_zeros(pos.numel() + 1).scatter_(0, torch.where(first, doc, pos.numel()), pos)
+    return at[doc]
 
 
 def interleaved_starts(starts: Tensor) -> Tensor:
@@ -886,8 +889,14 @@ def block_attention_mask(first: Tensor) -> BlockMask:
     kv_n, full_kv_n, q_n, full_q_n = (i32(c)[None, None] for c in counts)
     kv_i, full_kv_i, q_i, full_q_i = (i32(i)[None, None] for i in (kv_i, full_kv_i, q_i, full_q_i))
 
+    # the same values as a no-op view, which makes Inductor store them in a buffer of fixed strides: else torch
+    # 2.11's Flex lowering inlines first's formula into the mask, reads document_starts' buffer, whose strides
+    # are still open, and fails ("convert FlexibleLayout to FixedLayout first"; a model with no paired-head
+    # layer, records/2026-12-06_evalfix-h100)
+    stored = first.as_strided(first.shape, first.stride())
+
     def mask_mod(b, h, q_idx, kv_idx):
-        return mask_rule(q_idx, kv_idx, first)
+        return mask_rule(q_idx, kv_idx, stored)
 
     return BlockMask(seq_lengths=(first.numel(), first.numel()), kv_num_blocks=kv_n, kv_indices=kv_i,
                      full_kv_num_blocks=full_kv_n, full_kv_indices=full_kv_i, q_num_blocks=q_n, q_indices=q_i,

@@ -809,9 +809,9 @@ def sdpa_under_dense_mask(q, k, v, first):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_compiled_eval_forward_matches_the_cpu_model():
     """Validation's forward as validate() runs it on a GPU: the whole model compiled, its block masks built
-    inside that graph, no grad, against the same weights on CPU (dense masks, eager). A cumsum-and-scatter
-    document_starts passed every other CUDA test and broke Inductor's Flex lowering of this graph
-    (records/2026-12-06_speed9-h100/eval_crash.txt)."""
+    inside that graph, no grad, against the same weights on CPU (dense masks, eager). Without the stored copy
+    of `first` in block_attention_mask, torch 2.11's Flex lowering of this graph fails, though every other CUDA
+    test passes (records/2026-12-06_evalfix-h100)."""
     torch._dynamo.reset()
     cfg = tg.parse_args([*TINY, "--val_seq_len", "4096"])
     torch.manual_seed(0)

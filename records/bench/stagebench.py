@@ -3,7 +3,8 @@ flags on the proxy shards, compiled and warmed up as train_gpt.py does, then at 
 extension N steps with that stage's real schedule (batch, windows, YaRN, multi-token weights, Adam's every
 second step, the embedding tied or untied), each synchronized and timed, and two more profiled. Prints each
 stage's median and the projection, sum over stages of (its steps in the run x its median); appends them to
-OUT/stagebench.txt and writes OUT/NAME_<stage>_profile.txt.
+OUT/stagebench.txt and writes OUT/NAME_<stage>_profile.txt, and the warm-up's compile time by phase to
+OUT/NAME_compile_times.txt.
 
     python records/bench/stagebench.py --out DIR --name NAME [--script train_gpt.py] [--n 20]
         [--mlp_tiles JSON] [-- FLAGS...]
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch._dynamo.utils
 
 REPO = Path(__file__).resolve().parents[2]
 STAGE_OFFSET = 200  # timed steps start this far into a stage: away from its first step
@@ -73,6 +75,9 @@ def main(argv=None):
     started = time.perf_counter()
     tg.warm_up(t)
     warm_s = time.perf_counter() - started
+    # where the warm-up's compile time went, by phase (tracing, AOT autograd, inductor's lowering, codegen, ...)
+    (Path(args.out) / f"{args.name}_compile_times.txt").write_text(
+        torch._dynamo.utils.compile_times(repr="str", aggregate=True) + "\n")
     t.clock.start()
     rows, n = [], args.n
     for name, count, first in stages(tg, t.cfg):
