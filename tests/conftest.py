@@ -19,6 +19,15 @@ BPE = REPO / "data" / "gpt2.tiktoken"      # GPT-2's BPE ranks
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def freeze_what_earlier_modules_left():
+    """What outlives a test module (compiled graphs' caches, imported modules) lives on: freeze it too, or every
+    later test's collection walks it again (after the compiling tests, 0.3 s per test)."""
+    gc.collect()
+    gc.freeze()
+    yield
+
+
 @pytest.fixture(autouse=True)
 def free_memory_after_each_test():
     """A trainer's model and optimizer reference each other (grad hooks, row sinks): only the cycle collector frees

@@ -27,9 +27,11 @@ GLOO = "tests/test_training.py::test_gloo_processes_equal_one_with_accumulation"
 MUTANTS = {
     # the attention mask
     "document masking removed everywhere": ("train_gpt.py", [
-        ("    return torch.where(first, pos, 0).cummax(0).values", "    return torch.zeros_like(pos)")], [T]),
+        ("    return at[doc]", "    return torch.zeros_like(pos)")], [T]),
+    "the non-starts write document 0's start": ("train_gpt.py", [
+        ("torch.where(first, doc, pos.numel()), pos)", "torch.where(first, doc, 0), pos)")], [MASKS]),
     "mask_mod causal only (the block lists alone keep documents and window)": ("train_gpt.py", [
-        ("        return mask_rule(q_idx, kv_idx, first)", "        return mask_rule(q_idx, kv_idx, torch.zeros_like(first))")],
+        ("        return mask_rule(q_idx, kv_idx, stored)", "        return mask_rule(q_idx, kv_idx, torch.zeros_like(stored))")],
         [MASKS, f"{T}::test_flex_and_sdpa_paths_equal_reference_attention"]),
     "window one token wider": ("train_gpt.py", [
         ("torch.arange(starts.numel(), device=starts.device) - window)",
