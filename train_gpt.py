@@ -890,9 +890,9 @@ def block_attention_mask(first: Tensor) -> BlockMask:
     kv_i, full_kv_i, q_i, full_q_i = (i32(i)[None, None] for i in (kv_i, full_kv_i, q_i, full_q_i))
 
     # the same values as a no-op view, which makes Inductor store them in a buffer of fixed strides: else torch
-    # 2.11's Flex lowering inlines first's formula into the mask, reads document_starts' buffer, whose strides
-    # are still open, and fails ("convert FlexibleLayout to FixedLayout first"; a model with no paired-head
-    # layer, records/2026-12-06_evalfix-h100)
+    # 2.11's Flex lowering may inline first's formula into the mask, read document_starts' buffer, whose strides
+    # are still open, and fail ("convert FlexibleLayout to FixedLayout first": the tests' tiny model at
+    # validation, records/2026-12-06_evalfix-h100)
     stored = first.as_strided(first.shape, first.stride())
 
     def mask_mod(b, h, q_idx, kv_idx):

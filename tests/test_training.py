@@ -797,13 +797,9 @@ def test_cuda_fp8_and_flex_match_fallbacks():
     first = tg.first_visible(tg.document_starts(tokens), torch.tensor(384, device="cuda"))
     q, k, v = (torch.randn(1, T, 6, 128, device="cuda", dtype=torch.bfloat16) * 0.1 for _ in range(3))
     flex = torch.compile(tg.attention)(q, k, v, tg.attention_mask(first))
-    torch.testing.assert_close(flex, sdpa_under_dense_mask(q, k, v, first), atol=2e-2, rtol=2e-2)
-
-
-def sdpa_under_dense_mask(q, k, v, first):
-    """The reference for Flex: torch's SDPA over (1, T, heads, head_dim) with the dense mask of first."""
-    return F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), scale=1.0,
-                                          attn_mask=tg.dense_attention_mask(first)).transpose(1, 2)
+    dense = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), scale=1.0,
+                                           attn_mask=tg.dense_attention_mask(first)).transpose(1, 2)
+    torch.testing.assert_close(flex, dense, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
