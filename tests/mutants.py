@@ -234,6 +234,15 @@ MUTANTS = {
     # compile, kernels' settings, errors, tools
     "whole-model compile done block by block": ("train_gpt.py", [("        if whole:\n", "        if False:\n")],
         ["tests/test_training.py::test_both_compile_scopes_compute_the_eager_step"]),
+    "the stage bench's sampler reads only the main thread": ("records/bench/stagebench.py", [
+        ("                if thread == me:\n", "                if thread != threading.main_thread().ident:\n")],
+        ["tests/test_records.py::test_stack_sampler_times_every_thread"]),
+    "the stage bench echoes --inductor instead of reading the config back": ("records/bench/stagebench.py", [
+        ('settings.append(f"{key}={getattr(config, last)!r}")', "settings.append(setting)")],
+        ["tests/test_records.py::test_stagebench_warm_only_writes_where_the_warm_up_went"]),
+    "pointwise kernels timed at the first step again": ("train_gpt.py", [
+        ("        inductor_config.triton.autotune_pointwise = False\n", "")],
+        ["tests/test_training.py::test_both_compile_scopes_compute_the_eager_step"]),
     "Hopper's Flex forward tiles never chosen": ("train_gpt.py", [
         ('choice == "auto" and tuple(capability) == HOPPER', 'choice == "auto" and False')],
         ["tests/test_trust.py::test_flex_tiles_fit_the_gpus_shared_memory"]),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from conftest import REPO, load_script, tiny_run  # first: repo on sys.path
+from conftest import REPO, TINY, load_script, tiny_run  # first: repo on sys.path
 import train_gpt as tg  # noqa: E402
 
 tool = load_script("records_tool", "records/tool.py")
@@ -297,3 +297,50 @@ def test_benches_import_run_their_parsers_and_agree_on_the_bench():
     # the before arm's script is the Aug-2025 record's, out of its log
     before = re.search(r"records/tool.py source (\S+)", recipe).group(1)
     assert "class GPT" in tool.source_of(REPO / before, log=True)
+
+
+def test_stack_sampler_times_every_thread():
+    """The stage bench's sampler gives a function the wall time it spent on any thread's stack: the autograd
+    engine runs (and compiles) backward on a thread of its own while the main thread waits for it."""
+    import threading
+    import time
+    stagebench = load_script("stagebench", "records/bench/stagebench.py")
+
+    def on_the_side():
+        time.sleep(0.6)
+
+    def waits_for(thread):
+        thread.join()
+
+    with stagebench.StackSampler(every=0.01) as sampler:
+        side = threading.Thread(target=on_the_side)
+        side.start()
+        waits_for(side)
+    seconds = {name.rsplit(":", 1)[-1]: s for name, s in sampler.cumulative.items()}
+    assert seconds["on_the_side"] == pytest.approx(0.6, abs=0.15)
+    assert seconds["waits_for"] == pytest.approx(0.6, abs=0.15)
+    assert sampler.total == pytest.approx(0.6, abs=0.15)
+    assert ":on_the_side" in sampler.report()
+
+
+def test_stagebench_warm_only_writes_where_the_warm_up_went(sample_shards, tmp_path):
+    """--warm_only stops after the warm-up and appends its time with the Inductor settings as the config then
+    holds them (0x40 reads back as 64); the sampled stacks and compile phases are written. An unknown setting
+    is refused in one line."""
+    import subprocess
+
+    def bench(*args):
+        data = ["--train_files", str(sample_shards / "sample_train_*.bin"),
+                "--val_files", str(sample_shards / "sample_val_*.bin")]
+        return subprocess.run([sys.executable, str(REPO / "records" / "bench" / "stagebench.py"), "--out", str(tmp_path),
+                               *args, "--", *TINY, *data, "--warmup_steps", "2"], capture_output=True, text=True)
+
+    done = bench("--name", "w", "--warm_only", "--inductor", "max_fusion_size=0x40")
+    assert done.returncode == 0, done.stderr[-2000:]
+    line, = (tmp_path / "warmups.txt").read_text().splitlines()
+    assert re.fullmatch(r"w: train_gpt.py, warm-up \d+\.\d s, max_fusion_size=64 -- .*--warmup_steps 2", line)
+    assert "train_gpt.py:warm_up" in (tmp_path / "w_warmup_host.txt").read_text()
+    assert (tmp_path / "w_compile_times.txt").exists()
+    assert not (tmp_path / "stagebench.txt").exists() or "w:" not in (tmp_path / "stagebench.txt").read_text()
+    refused = bench("--name", "x", "--warm_only", "--inductor", "no_such_setting=1")
+    assert refused.returncode == 2 and "no_such_setting" in refused.stderr.strip().splitlines()[-1]

@@ -4,27 +4,33 @@ extension N steps with that stage's real schedule (batch, windows, YaRN, multi-t
 second step, the embedding tied or untied), each synchronized and timed, and two more profiled. Prints each
 stage's median and the projection, sum over stages of (its steps in the run x its median); appends them to
 OUT/stagebench.txt and writes OUT/NAME_<stage>_profile.txt, and the warm-up's compile time by phase to
-OUT/NAME_compile_times.txt.
+OUT/NAME_compile_times.txt and where the warm-up's host time went (sampled stacks) to OUT/NAME_warmup_host.txt.
 
     python records/bench/stagebench.py --out DIR --name NAME [--script train_gpt.py] [--n 20]
-        [--mlp_tiles JSON] [-- FLAGS...]
+        [--mlp_tiles JSON] [--warm_only] [--inductor KEY=VALUE ...] [-- FLAGS...]
 
 --script times another version of the trainer (e.g. `git show COMMIT:train_gpt.py > old.py`): the bench uses
 only names every version since 2026-12-04 has. --mlp_tiles sets KernelSettings.mlp_tiles (the fused ReLU^2
 matmul's forward and backward launches, as mlpbench.py --write saves them) before the warm-up. Run one bench per
-process, one process on the GPU at a time.
+process, one process on the GPU at a time. --warm_only stops after the warm-up (to time compiles: give the
+process fresh TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR folders for a cold one); --inductor sets
+torch._inductor.config.KEY (dots for its sub-configs) to a Python literal first.
 """
 import argparse
+import ast
+import collections
 import dataclasses
 import importlib.util
 import json
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
 import torch
 import torch._dynamo.utils
+import torch._inductor.config
 
 REPO = Path(__file__).resolve().parents[2]
 STAGE_OFFSET = 200  # timed steps start this far into a stage: away from its first step
@@ -36,6 +42,60 @@ def load_trainer(script: str):
     sys.modules["train_gpt"] = module
     spec.loader.exec_module(module)
     return module
+
+
+class StackSampler:
+    """Where the process's wall time goes, sampled: every `every` seconds a second thread reads each other
+    thread's Python stack (the autograd engine runs backward, and compiles it, on a thread of its own). A sample
+    weighs the wall time since the last one (a C call that holds the GIL delays the sample and lands in it); a
+    function's cumulative time is the weight of the samples with it anywhere on a thread's stack. Names are
+    cached per code object: the sampler must not slow what it measures."""
+
+    def __init__(self, every: float = 0.02):
+        self.every, self.names = every, {}
+        self.cumulative, self.leaf = collections.Counter(), collections.Counter()
+        self.total, self._stop = 0.0, threading.Event()
+
+    def _name(self, code) -> str:
+        name = self.names.get(code)
+        if name is None:
+            name = self.names[code] = f"{'/'.join(Path(code.co_filename).parts[-2:])}:{code.co_name}"
+        return name
+
+    def _run(self):
+        me, last = threading.get_ident(), time.perf_counter()
+        while not self._stop.wait(self.every):
+            now = time.perf_counter()
+            weight, last = now - last, now
+            for thread, frame in sys._current_frames().items():
+                if thread == me:
+                    continue
+                seen = set()
+                self.leaf[self._name(frame.f_code)] += weight
+                while frame is not None:
+                    seen.add(self._name(frame.f_code))
+                    frame = frame.f_back
+                for name in seen:
+                    self.cumulative[name] += weight
+            self.total += weight
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def report(self, share: float = 0.005) -> str:
+        """Every function with at least `share` of the sampled time, cumulative (all threads) and innermost. A
+        thread that waits (the main thread while the engine's thread runs backward) counts too: read the tree."""
+        at_least = share * self.total
+        lines = [f"{self.total:.1f} s sampled; cumulative (anywhere on a thread's stack) and leaf (innermost) s"]
+        lines += [f"  cum {s:7.2f}  {name}" for name, s in self.cumulative.most_common() if s >= at_least]
+        lines += [f"  leaf {s:6.2f}  {name}" for name, s in self.leaf.most_common() if s >= at_least]
+        return "\n".join(lines) + "\n"
 
 
 def stages(tg, cfg) -> list:
@@ -59,7 +119,23 @@ def main(argv=None):
     parser.add_argument("--data", default="/tmp/proxy", help="folder of the unpacked proxy shards")
     parser.add_argument("--n", type=int, default=20, help="timed steps per stage")
     parser.add_argument("--mlp_tiles", help="JSON: the fused ReLU^2 matmul's (forward, backward) launches")
+    parser.add_argument("--warm_only", action="store_true", help="stop after the warm-up")
+    parser.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
+                        help="set torch._inductor.config.KEY to VALUE (a Python literal) before compiling")
     args, extra = parser.parse_known_args(argv)
+    settings = []
+    for setting in args.inductor:
+        key, _, value = setting.partition("=")
+        *outer, last = key.split(".")
+        config = torch._inductor.config
+        try:
+            for part in outer:
+                config = getattr(config, part)
+            getattr(config, last)  # an unknown key fails here, not silently
+            setattr(config, last, ast.literal_eval(value))
+        except (AttributeError, ValueError, SyntaxError) as e:
+            parser.error(f"--inductor {setting}: {type(e).__name__}: {e}")
+        settings.append(f"{key}={getattr(config, last)!r}")  # as the config holds it
     tg = load_trainer(args.script)
     flags = ["--train_files", f"{args.data}/proxy_train_*.bin", "--val_files", f"{args.data}/proxy_val_*.bin",
              "--val_tokens", "1572864", "--val_every", "0", "--warmup_steps", "3", "--log_dir", args.out,
@@ -73,11 +149,19 @@ def main(argv=None):
     # the diverged run that the not-learning check stops
     t.learning_by_step = float("inf")
     started = time.perf_counter()
-    tg.warm_up(t)
+    with StackSampler() as sampler:
+        tg.warm_up(t)
     warm_s = time.perf_counter() - started
+    (Path(args.out) / f"{args.name}_warmup_host.txt").write_text(sampler.report())
     # where the warm-up's compile time went, by phase (tracing, AOT autograd, inductor's lowering, codegen, ...)
     (Path(args.out) / f"{args.name}_compile_times.txt").write_text(
         torch._dynamo.utils.compile_times(repr="str", aggregate=True) + "\n")
+    if args.warm_only:
+        line = f"{args.name}: {Path(args.script).name}, warm-up {warm_s:.1f} s, {' '.join(settings + extra)}"
+        print(line, flush=True)
+        with open(Path(args.out) / "warmups.txt", "a") as f:
+            f.write(line + "\n")
+        return
     t.clock.start()
     rows, n = [], args.n
     for name, count, first in stages(tg, t.cfg):
