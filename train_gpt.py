@@ -2452,9 +2452,12 @@ def warm_up(trainer: Trainer):
                      trainer.train_loader.state(),
                      trainer.step)
     start = time.perf_counter()
+    rehearsal = KernelRehearsal(trainer) if trainer.device.type == "cuda" and cfg.compile else None
     for i in range(cfg.warmup_steps):
         train_step(trainer, min(saved.step + i, cfg.num_steps - 1))
         trainer.log(log_line(warmup_step=f"{i + 1}/{cfg.warmup_steps}", time=f"{time.perf_counter() - start:.0f}s"))
+    if rehearsal is not None:
+        rehearsal.finish()
     trainer.model.load_state_dict(saved.model)
     for b, state in zip(trainer.opt.buckets, saved.bucket_states):
         b.state = state
@@ -3524,6 +3527,56 @@ def _softcap_ce_cuda(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float,
                                                    TOP=E5M2_MAX, BLOCK_T=block_t, BLOCK_V=block_v, APPROX=approx,
                                                    num_warps=warps)
     return loss, ntp, g, transposed(g, tile)
+
+
+def rehearse_kernels(trainer: "Trainer"):
+    """Launch each of the model's hand-written kernels once, on zeros shaped as one micro-step's tensors (scratch:
+    none of the model's state), so that Triton compiles them here, on KernelRehearsal's thread, while the main
+    thread traces the first step: the compiled graphs' first run then finds them built (one after another
+    there, they took 5-6 s of an H100's cold warm-up: records/2026-12-06_warmup-h100). Triton specializes a
+    kernel on its ints' divisibility and its pointers' alignment: a launch the training makes otherwise just
+    compiles there, as it would without this. The optimizer's kernels compile at its first step."""
+    cfg, model, k, device = trainer.cfg, trainer.model, trainer.kernels, trainer.device
+    torch.cuda.set_device(device)  # a new thread starts on device 0
+    B, T, dim, V, rot = trainer.micro_batch, cfg.seq_len, cfg.model_dim, cfg.vocab_size, model.rotary
+    zeros = partial(torch.zeros, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        qk = zeros(B, T, 2 * cfg.num_heads, cfg.head_dim)  # as Attention.forward's matmul makes it
+        for paired in {block.paired for block in model.blocks if block.attn is not None}:
+            q, k_ = qk_norm_rotary(qk, rot.cos, rot.sin, rot.scale, paired)
+            qk_norm_rotary_backward(qk, q, k_, rot.cos, rot.sin, rot.scale, paired)
+        if k.mlp_tiles:
+            x, w = zeros(B, T, dim), zeros(4 * dim, dim)
+            _, post = relu_square_mlp(x, w, w, [*k.mlp_tiles[0], *k.mlp_tiles[1]])
+            relu_square_grad(x.view(-1, dim), w, post, list(k.mlp_tiles[1]))
+        if model.fp8_head:
+            x, w = zeros(B * T, dim), zeros(V, dim)
+            x_f8, w_f8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+            targets, weights = torch.zeros(B * T, dtype=torch.long, device=device), torch.zeros(MTP_TOKENS, device=device)
+            launch = [*k.ce_tiles, *k.transpose_tile]
+            *_, g, g_t = fp8_head_loss(x, w, x_f8, w_f8, targets, weights, T, launch, k.ce_tanh_approx)
+            fp8_mm_backward(g, g_t, x_f8, w_f8, launch)
+
+
+class KernelRehearsal(threading.Thread):
+    """rehearse_kernels on a thread of its own, started before the warm-up's first step. Triton's compiles
+    overlap the trace where they leave the GIL (LLVM's passes, ptxas in a subprocess)."""
+
+    def __init__(self, trainer: "Trainer"):
+        super().__init__(name="kernel_rehearsal", daemon=True)
+        self.trainer, self.error = trainer, None
+        self.start()
+
+    def run(self):
+        try:
+            rehearse_kernels(self.trainer)
+        except Exception as e:  # the training's own launch meets the same failure, in its step, with its traceback
+            self.error = e
+
+    def finish(self):
+        self.join()
+        if self.error is not None:
+            self.trainer.log(log_line(note="kernel_rehearsal_failed", why=type(self.error).__name__))
 
 
 if triton is not None:

@@ -243,6 +243,16 @@ MUTANTS = {
     "pointwise kernels timed at the first step again": ("train_gpt.py", [
         ("        inductor_config.triton.autotune_pointwise = False\n", "")],
         ["tests/test_training.py::test_both_compile_scopes_compute_the_eager_step"]),
+    "the kernels' rehearsal started on CPUs and without compile too": ("train_gpt.py", [
+        ('rehearsal = KernelRehearsal(trainer) if trainer.device.type == "cuda" and cfg.compile else None',
+         "rehearsal = KernelRehearsal(trainer)")],
+        ["tests/test_training.py::test_warmup_leaves_no_trace"]),
+    "a failed kernel rehearsal leaves no note": ("train_gpt.py", [
+        ("        if self.error is not None:\n            self.trainer.log(", "        if False:\n            self.trainer.log(")],
+        ["tests/test_training.py::test_a_failed_kernel_rehearsal_is_one_log_note"]),
+    "the stage bench leaves Triton's compile patched": ("records/bench/stagebench.py", [
+        ("            self.jit._do_compile = self.original\n", "            pass\n")],
+        ["tests/test_records.py::test_kernel_compiles_times_each_threads_first_launches"]),
     "Hopper's Flex forward tiles never chosen": ("train_gpt.py", [
         ('choice == "auto" and tuple(capability) == HOPPER', 'choice == "auto" and False')],
         ["tests/test_trust.py::test_flex_tiles_fit_the_gpus_shared_memory"]),

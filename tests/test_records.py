@@ -323,6 +323,38 @@ def test_stack_sampler_times_every_thread():
     assert ":on_the_side" in sampler.report()
 
 
+def test_kernel_compiles_times_each_threads_first_launches(monkeypatch):
+    """The stage bench's KernelCompiles times each call of Triton's JITFunction._do_compile (a hand-written
+    kernel's compile at its first launch) on whichever thread makes it, and puts the method back after."""
+    import threading
+    import time
+    import types
+    stagebench = load_script("stagebench", "records/bench/stagebench.py")
+
+    class FakeJIT:  # triton's JITFunction as far as the bench reads it: __name__ and _do_compile
+        def __init__(self, name):
+            self.__name__ = name
+
+        def _do_compile(self, seconds):
+            time.sleep(seconds)
+            return self.__name__
+    for name in ("triton", "triton.runtime", "triton.runtime.jit"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    sys.modules["triton.runtime.jit"].JITFunction = FakeJIT
+    original = FakeJIT._do_compile
+    with stagebench.KernelCompiles() as compiles:
+        side = threading.Thread(target=lambda: FakeJIT("slow")._do_compile(0.4), name="side")
+        side.start()
+        assert FakeJIT("fast")._do_compile(0.1) == "fast"
+        side.join()
+    assert FakeJIT._do_compile is original
+    (t1, k1, s1), (t2, k2, s2) = compiles.done
+    assert (t1, k1, t2, k2) == ("MainThread", "fast", "side", "slow")
+    assert s1 == pytest.approx(0.1, abs=0.05) and s2 == pytest.approx(0.4, abs=0.05)
+    assert re.fullmatch(r"MainThread 1 \(0\.1 s\), side 1 \(0\.4 s\)", compiles.summary())
+    assert re.search(r"side +0\.4\d s  slow", compiles.report())
+
+
 def test_stagebench_warm_only_writes_where_the_warm_up_went(sample_shards, tmp_path):
     """--warm_only stops after the warm-up and appends its time with the Inductor settings as the config then
     holds them (0x40 reads back as 64); the sampled stacks and compile phases are written. An unknown setting
@@ -338,8 +370,10 @@ def test_stagebench_warm_only_writes_where_the_warm_up_went(sample_shards, tmp_p
     done = bench("--name", "w", "--warm_only", "--inductor", "max_fusion_size=0x40")
     assert done.returncode == 0, done.stderr[-2000:]
     line, = (tmp_path / "warmups.txt").read_text().splitlines()
-    assert re.fullmatch(r"w: train_gpt.py, warm-up \d+\.\d s, max_fusion_size=64 -- .*--warmup_steps 2", line)
+    assert re.fullmatch(r"w: train_gpt.py, warm-up \d+\.\d s \(kernels compiled at first launch: none\), "
+                        r"max_fusion_size=64 -- .*--warmup_steps 2", line)
     assert "train_gpt.py:warm_up" in (tmp_path / "w_warmup_host.txt").read_text()
+    assert (tmp_path / "w_kernel_compiles.txt").read_text() == ""  # the CPU run launches no Triton kernel
     assert (tmp_path / "w_compile_times.txt").exists()
     assert not (tmp_path / "stagebench.txt").exists() or "w:" not in (tmp_path / "stagebench.txt").read_text()
     refused = bench("--name", "x", "--warm_only", "--inductor", "no_such_setting=1")

@@ -55,6 +55,21 @@ def test_warmup_leaves_no_trace(sample_shards, tmp_path):
     warm_log = tiny_run(sample_shards, tmp_path, "--num_steps", "3", "--run_id", "warm", "--warmup_steps", "3")
     assert cold == losses(warm_log)
     assert "warmup_step:1/3" in warm_log and "warmup_step:3/3" in warm_log
+    assert "kernel_rehearsal" not in warm_log.split(tg.SOURCE_END)[-1]  # it is for compiled runs on GPUs
+
+
+def test_a_failed_kernel_rehearsal_is_one_log_note(sample_shards, tmp_path, monkeypatch):
+    """The rehearsal of the GPU kernels stops nothing when it fails: the training's own launch meets the same
+    failure in its step, with its traceback. The log gets a note."""
+    def broken(trainer):
+        raise RuntimeError("no such kernel")
+    monkeypatch.setattr(tg, "rehearse_kernels", broken)
+    trainer = tg.build(tg.parse_args(tiny_args(sample_shards, tmp_path, "--run_id", "r")))
+    rehearsal = tg.KernelRehearsal(trainer)
+    rehearsal.finish()
+    assert isinstance(rehearsal.error, RuntimeError) and not rehearsal.is_alive()
+    assert "note:kernel_rehearsal_failed why:RuntimeError" in (tmp_path / "r.txt").read_text()
+    tg.release_lock(trainer.lock)
 
 
 def test_every_step_and_validation_gets_the_records_schedule(sample_shards, tmp_path, monkeypatch):
@@ -783,6 +798,40 @@ def test_cuda_relu_square_mlp_matches_float64():
     for name, a, b, ref in zip(("out", "dx", "dfc", "dproj"), fused, plain, want):
         err, plain_err = (((t.double() - ref).norm() / ref.norm()).item() for t in (a, b))
         assert err < 1e-2 and err < 1.5 * plain_err + 1e-4, (name, err, plain_err)
+
+
+OPTIMIZER_KERNELS = {"_add_into_fp32_kernel", "_add_rows_into_fp32_kernel", "_cautious_step_kernel"}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_rehearsal_builds_the_kernels_a_step_launches(sample_shards, tmp_path, monkeypatch):
+    """rehearse_kernels launches each of the model's hand-written kernels as a training step does, so Triton
+    compiles each once: with its in-memory caches emptied, the rehearsal's thread compiles the forward's and
+    backward's kernels, and a train step after it compiles none of them again, only the optimizer's."""
+    import threading
+    from triton.runtime.jit import JITFunction
+    for fn in vars(tg).values():
+        if isinstance(fn, JITFunction):
+            fn.device_caches.clear()
+    compiled, original = [], JITFunction._do_compile
+
+    def recorded(fn, *args, **kwargs):
+        compiled.append((threading.current_thread().name, fn.__name__))
+        return original(fn, *args, **kwargs)
+    monkeypatch.setattr(JITFunction, "_do_compile", recorded)
+    trainer = tg.build(tg.parse_args(tiny_args(sample_shards, tmp_path, "--device", "cuda", "--compile", "0",
+                                               "--fp8_head", "1", "--num_steps", "2")))
+    rehearsal = tg.KernelRehearsal(trainer)
+    rehearsal.finish()
+    assert rehearsal.error is None, rehearsal.error
+    want = {"_qk_norm_rotary_fwd", "_qk_norm_rotary_bwd", "_softcap_ce_kernel", "_transpose_bytes_kernel"}
+    if trainer.kernels.mlp_tiles:
+        want.add("_relu_square_mm_kernel")
+    assert {name for thread, name in compiled if thread == "kernel_rehearsal"} == want, compiled
+    compiled.clear()
+    tg.train_step(trainer, 0)
+    assert {name for _, name in compiled} <= OPTIMIZER_KERNELS, compiled
+    tg.release_lock(trainer.lock)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

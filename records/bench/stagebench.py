@@ -4,7 +4,8 @@ extension N steps with that stage's real schedule (batch, windows, YaRN, multi-t
 second step, the embedding tied or untied), each synchronized and timed, and two more profiled. Prints each
 stage's median and the projection, sum over stages of (its steps in the run x its median); appends them to
 OUT/stagebench.txt and writes OUT/NAME_<stage>_profile.txt, and the warm-up's compile time by phase to
-OUT/NAME_compile_times.txt and where the warm-up's host time went (sampled stacks) to OUT/NAME_warmup_host.txt.
+OUT/NAME_compile_times.txt, where the warm-up's host time went (sampled stacks) to OUT/NAME_warmup_host.txt,
+and each hand-written Triton kernel's compile (thread, seconds) to OUT/NAME_kernel_compiles.txt.
 
     python records/bench/stagebench.py --out DIR --name NAME [--script train_gpt.py] [--n 20]
         [--mlp_tiles JSON] [--warm_only] [--inductor KEY=VALUE ...] [-- FLAGS...]
@@ -98,6 +99,44 @@ class StackSampler:
         return "\n".join(lines) + "\n"
 
 
+class KernelCompiles:
+    """Each compile of a hand-written @triton.jit kernel, at its first launch (Inductor builds its own kernels
+    another way): the thread it ran on, the kernel, the seconds. Where no triton is installed, none."""
+
+    def __init__(self):
+        self.done, self.jit = [], None
+
+    def __enter__(self):
+        try:
+            from triton.runtime.jit import JITFunction
+        except ImportError:
+            return self
+        self.jit, original, done = JITFunction, JITFunction._do_compile, self.done
+
+        def timed(fn, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(fn, *args, **kwargs)
+            finally:
+                done.append((threading.current_thread().name, fn.__name__, time.perf_counter() - start))
+        self.original, JITFunction._do_compile = original, timed
+        return self
+
+    def __exit__(self, *exc):
+        if self.jit is not None:
+            self.jit._do_compile = self.original
+
+    def summary(self) -> str:
+        """Per thread: how many kernels compiled there, and their seconds."""
+        by = collections.defaultdict(list)
+        for thread, _, seconds in self.done:
+            by[thread].append(seconds)
+        return ", ".join(f"{thread} {len(s)} ({sum(s):.1f} s)" for thread, s in sorted(by.items())) or "none"
+
+    def report(self) -> str:
+        return "".join(f"{thread:<20} {seconds:6.2f} s  {kernel}\n" for thread, kernel, seconds in self.done)
+
+
 def stages(tg, cfg) -> list:
     """(name, steps of the run in it, first timed step) per batch stage and the extension."""
     S, parts = tg.scheduled_steps(cfg), len(cfg.batch_seqs)
@@ -149,15 +188,17 @@ def main(argv=None):
     # the diverged run that the not-learning check stops
     t.learning_by_step = float("inf")
     started = time.perf_counter()
-    with StackSampler() as sampler:
+    with StackSampler() as sampler, KernelCompiles() as compiles:
         tg.warm_up(t)
     warm_s = time.perf_counter() - started
     (Path(args.out) / f"{args.name}_warmup_host.txt").write_text(sampler.report())
+    (Path(args.out) / f"{args.name}_kernel_compiles.txt").write_text(compiles.report())
     # where the warm-up's compile time went, by phase (tracing, AOT autograd, inductor's lowering, codegen, ...)
     (Path(args.out) / f"{args.name}_compile_times.txt").write_text(
         torch._dynamo.utils.compile_times(repr="str", aggregate=True) + "\n")
     if args.warm_only:
-        line = f"{args.name}: {Path(args.script).name}, warm-up {warm_s:.1f} s, {' '.join(settings + extra)}"
+        line = (f"{args.name}: {Path(args.script).name}, warm-up {warm_s:.1f} s (kernels compiled at first launch: "
+                f"{compiles.summary()}), {' '.join(settings + extra)}")
         print(line, flush=True)
         with open(Path(args.out) / "warmups.txt", "a") as f:
             f.write(line + "\n")
@@ -185,7 +226,7 @@ def main(argv=None):
     projected = sum(count * median for _, count, _, _, median, _, _ in rows) / 1000
     where = f"{torch.cuda.get_device_name()}, peak {torch.cuda.max_memory_allocated() // 2**20} MiB" if cuda else "CPU"
     lines = [f"{args.name}: {Path(args.script).name}, {where}, warm-up {warm_s:.1f} s, {n} timed steps per stage; "
-             f"projected {t.cfg.num_steps}-step training time {projected:.1f} s"]
+             f"projected {t.cfg.num_steps}-step training time {projected:.1f} s; {' '.join(settings + extra)}"]
     lines += [f"  {name:<10} {count:5d} steps x {batch:2d} seqs  median {median:7.1f} ms  mean {mean:7.1f}  min "
               f"{low:7.1f}  (steps {first}..{first + n - 1})" for name, count, batch, first, median, mean, low in rows]
     print("\n".join(lines), flush=True)
