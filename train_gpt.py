@@ -3532,29 +3532,31 @@ def _softcap_ce_cuda(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float,
 def rehearse_kernels(trainer: "Trainer"):
     """Launch each of the model's hand-written kernels once, on zeros shaped as one micro-step's tensors (scratch:
     none of the model's state), so that Triton compiles them here, on KernelRehearsal's thread, while the main
-    thread traces the first step: the compiled graphs' first run then finds them built (one after another
-    there, they took 5-6 s of an H100's cold warm-up: records/2026-12-06_warmup-h100). Triton specializes a
-    kernel on its ints' divisibility and its pointers' alignment: a launch the training makes otherwise just
+    thread traces the first step; the compiled graphs' first run then finds them built. On the warm-up's path
+    their compiles took 3.9-6.6 s, now 0.7-1.0 s (records/2026-12-06_rehearsal-h100-h200). Triton specializes
+    a kernel on its ints' divisibility and its pointers' alignment: a launch the training makes otherwise just
     compiles there, as it would without this. The optimizer's kernels compile at its first step."""
-    cfg, model, k, device = trainer.cfg, trainer.model, trainer.kernels, trainer.device
+    cfg, model, settings, device = trainer.cfg, trainer.model, trainer.kernels, trainer.device
     torch.cuda.set_device(device)  # a new thread starts on device 0
     B, T, dim, V, rot = trainer.micro_batch, cfg.seq_len, cfg.model_dim, cfg.vocab_size, model.rotary
     zeros = partial(torch.zeros, device=device, dtype=torch.bfloat16)
     with torch.no_grad():
         qk = zeros(B, T, 2 * cfg.num_heads, cfg.head_dim)  # as Attention.forward's matmul makes it
         for paired in {block.paired for block in model.blocks if block.attn is not None}:
-            q, k_ = qk_norm_rotary(qk, rot.cos, rot.sin, rot.scale, paired)
-            qk_norm_rotary_backward(qk, q, k_, rot.cos, rot.sin, rot.scale, paired)
-        if k.mlp_tiles:
+            q, k = qk_norm_rotary(qk, rot.cos, rot.sin, rot.scale, paired)
+            qk_norm_rotary_backward(qk, q, k, rot.cos, rot.sin, rot.scale, paired)
+        if settings.mlp_tiles:
+            forward_tile, backward_tile = settings.mlp_tiles
             x, w = zeros(B, T, dim), zeros(4 * dim, dim)
-            _, post = relu_square_mlp(x, w, w, [*k.mlp_tiles[0], *k.mlp_tiles[1]])
-            relu_square_grad(x.view(-1, dim), w, post, list(k.mlp_tiles[1]))
+            _, post = relu_square_mlp(x, w, w, [*forward_tile, *backward_tile])
+            relu_square_grad(x.view(-1, dim), w, post, list(backward_tile))
         if model.fp8_head:
             x, w = zeros(B * T, dim), zeros(V, dim)
             x_f8, w_f8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
-            targets, weights = torch.zeros(B * T, dtype=torch.long, device=device), torch.zeros(MTP_TOKENS, device=device)
-            launch = [*k.ce_tiles, *k.transpose_tile]
-            *_, g, g_t = fp8_head_loss(x, w, x_f8, w_f8, targets, weights, T, launch, k.ce_tanh_approx)
+            targets = torch.zeros(B * T, dtype=torch.long, device=device)
+            launch = [*settings.ce_tiles, *settings.transpose_tile]
+            *_, g, g_t = fp8_head_loss(x, w, x_f8, w_f8, targets, torch.zeros(MTP_TOKENS, device=device), T, launch,
+                                       settings.ce_tanh_approx)
             fp8_mm_backward(g, g_t, x_f8, w_f8, launch)
 
 
