@@ -322,6 +322,14 @@ class KernelSettings:
     mlp_tiles: tuple = None              # the MLP's fused ReLU^2 matmul (relu_square_mlp): its forward's tile,
                                          # then its backward's (MLP_TILE each); None: cuBLAS + compiled ReLU^2
 
+    def head_launch(self) -> tuple:
+        """The FP8 head's launch (head_loss, fp8_head_loss): the CE kernel's tiles, then the transposes'."""
+        return (*self.ce_tiles, *self.transpose_tile)
+
+    def mlp_launch(self) -> list:
+        """relu_square_mlp's tiles: its forward's, then its backward's."""
+        return [*self.mlp_tiles[0], *self.mlp_tiles[1]]
+
 
 # settings that may differ between a checkpoint and the run resuming it: none of them changes the training
 RESUME_FREE = ("log_dir", "run_id", "val_every", "save_every", "keep_last", "warmup_steps", "resume",
@@ -1047,9 +1055,10 @@ class MLP(nn.Module):
         self.copies = {}  # name -> the matrix's compute copy while training (WeightCopies)
 
     def forward(self, x: Tensor) -> Tensor:
-        fc_w, proj_w, tiles = weight_in(self, "fc_w", x), weight_in(self, "proj_w", x), self.kernels.mlp_tiles
-        if tiles and on_gpu(x) and x.dtype == torch.bfloat16:  # the same function, ReLU^2 in the matmul's epilogue
-            return relu_square_mlp(x, fc_w, proj_w, [*tiles[0], *tiles[1]])[0]
+        fc_w, proj_w = weight_in(self, "fc_w", x), weight_in(self, "proj_w", x)
+        # the same function, ReLU^2 in the matmul's epilogue
+        if self.kernels.mlp_tiles and on_gpu(x) and x.dtype == torch.bfloat16:
+            return relu_square_mlp(x, fc_w, proj_w, self.kernels.mlp_launch())[0]
         return mm(F.relu(mm(x, fc_w.mT)).square(), proj_w)  # ReLU^2
 
 
@@ -1385,7 +1394,7 @@ class GPT(nn.Module):
             return loss, loss
         k = self.kernels
         return self.head_loss(x, self.head_w, targets, mtp_weights, self.fp8_head,
-                              (*k.ce_tiles, *k.transpose_tile), k.ce_tanh_approx)
+                              k.head_launch(), k.ce_tanh_approx)
 
 
 def param_groups(model: GPT) -> tuple[dict, dict]:
@@ -3546,15 +3555,14 @@ def rehearse_kernels(trainer: "Trainer"):
             q, k = qk_norm_rotary(qk, rot.cos, rot.sin, rot.scale, paired)
             qk_norm_rotary_backward(qk, q, k, rot.cos, rot.sin, rot.scale, paired)
         if settings.mlp_tiles:
-            forward_tile, backward_tile = settings.mlp_tiles
-            x, w = zeros(B, T, dim), zeros(4 * dim, dim)
-            _, post = relu_square_mlp(x, w, w, [*forward_tile, *backward_tile])
-            relu_square_grad(x.view(-1, dim), w, post, list(backward_tile))
+            tiles, x, w = settings.mlp_launch(), zeros(B, T, dim), zeros(4 * dim, dim)
+            _, post = relu_square_mlp(x, w, w, tiles)
+            relu_square_grad(x.view(-1, dim), w, post, tiles[len(MLP_TILE):])  # as the op's backward reads them
         if model.fp8_head:
             x, w = zeros(B * T, dim), zeros(V, dim)
             x_f8, w_f8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
             targets = torch.zeros(B * T, dtype=torch.long, device=device)
-            launch = [*settings.ce_tiles, *settings.transpose_tile]
+            launch = list(settings.head_launch())
             *_, g, g_t = fp8_head_loss(x, w, x_f8, w_f8, targets, torch.zeros(MTP_TOKENS, device=device), T, launch,
                                        settings.ce_tanh_approx)
             fp8_mm_backward(g, g_t, x_f8, w_f8, launch)

@@ -191,6 +191,7 @@ def main(argv=None):
     with StackSampler() as sampler, KernelCompiles() as compiles:
         tg.warm_up(t)
     warm_s = time.perf_counter() - started
+    described = " ".join(settings + extra)  # what this bench ran with, on each line it appends
     (Path(args.out) / f"{args.name}_warmup_host.txt").write_text(sampler.report())
     (Path(args.out) / f"{args.name}_kernel_compiles.txt").write_text(compiles.report())
     # where the warm-up's compile time went, by phase (tracing, AOT autograd, inductor's lowering, codegen, ...)
@@ -198,7 +199,7 @@ def main(argv=None):
         torch._dynamo.utils.compile_times(repr="str", aggregate=True) + "\n")
     if args.warm_only:
         line = (f"{args.name}: {Path(args.script).name}, warm-up {warm_s:.1f} s (kernels compiled at first launch: "
-                f"{compiles.summary()}), {' '.join(settings + extra)}")
+                f"{compiles.summary()}), {described}")
         print(line, flush=True)
         with open(Path(args.out) / "warmups.txt", "a") as f:
             f.write(line + "\n")
@@ -226,7 +227,7 @@ def main(argv=None):
     projected = sum(count * median for _, count, _, _, median, _, _ in rows) / 1000
     where = f"{torch.cuda.get_device_name()}, peak {torch.cuda.max_memory_allocated() // 2**20} MiB" if cuda else "CPU"
     lines = [f"{args.name}: {Path(args.script).name}, {where}, warm-up {warm_s:.1f} s, {n} timed steps per stage; "
-             f"projected {t.cfg.num_steps}-step training time {projected:.1f} s; {' '.join(settings + extra)}"]
+             f"projected {t.cfg.num_steps}-step training time {projected:.1f} s; {described}"]
     lines += [f"  {name:<10} {count:5d} steps x {batch:2d} seqs  median {median:7.1f} ms  mean {mean:7.1f}  min "
               f"{low:7.1f}  (steps {first}..{first + n - 1})" for name, count, batch, first, median, mean, low in rows]
     print("\n".join(lines), flush=True)
