@@ -3250,11 +3250,13 @@ ACC_BLOCK = 4096  # elements per program of the fp32 grad accumulate
 ROWS_TILE = (16, 256, 4)  # the embedding grads' row add: rows and columns per program, warps
 FP32_EPS = torch.finfo(torch.float32).eps  # F.rms_norm's default eps for bf16 input, which it normalizes in fp32
 # a launch of the fused ReLU^2 matmul: a tile of rows x columns outputs, depth deep; warps; pipeline stages;
-# the epilogue's stores in this many column blocks; warp specialization (1) or not (0)
-MLP_TILE = ("rows", "columns", "depth", "warps", "stages", "store_split", "warp_specialize")
-# forward's and backward's (KernelSettings.mlp_tiles): the fastest of 13 launches each on an H100
-# (records/2026-12-05_mlpfuse-h100, records/bench/mlpbench.py)
-MLP_HOPPER_TILES = ((128, 256, 64, 8, 4, 4, 0), (128, 256, 64, 8, 3, 2, 1))
+# the epilogue's stores in this many column blocks; warp specialization (1) or not (0); persistent programs
+# per multiprocessor (2: where two fit in its shared memory, one's epilogue overlaps the other's matmul)
+MLP_TILE = ("rows", "columns", "depth", "warps", "stages", "store_split", "warp_specialize", "programs_per_sm")
+# forward's and backward's (KernelSettings.mlp_tiles): the fastest of 21 launches each on an H100, the same bits
+# as any other (records/2026-12-06_mlptiles-h100, records/bench/mlpbench.py); the backward's two programs per
+# multiprocessor fit its shared memory (test_mlp_hopper_tiles_fit_the_shared_memory)
+MLP_HOPPER_TILES = ((128, 256, 64, 8, 4, 2, 0, 1), (128, 128, 64, 8, 3, 4, 0, 2))
 
 
 def softcap_ce_grad(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float, launch=(8, 512, 8, 64, 128),
@@ -3454,9 +3456,9 @@ def sm_count(device_index: int) -> int:
 
 def _relu_square_mm_cuda(a: Tensor, b: Tensor, post, tile):
     (M, K), N = a.shape, b.size(0)
-    bm, bn, bk, warps, stages, split, ws = tile
+    bm, bn, bk, warps, stages, split, ws, per_sm = tile
     out = a.new_empty(M, N)
-    programs = min(sm_count(a.device.index), triton.cdiv(M, bm) * triton.cdiv(N, bn))
+    programs = min(per_sm * sm_count(a.device.index), triton.cdiv(M, bm) * triton.cdiv(N, bn))
     a_desc, b_desc, out_desc = (TensorDescriptor.from_tensor(t, block) for t, block in
                                 ((a, [bm, bk]), (b, [bn, bk]), (out, [bm, bn // split])))
     post_desc = None if post is None else TensorDescriptor.from_tensor(post.contiguous(), [bm, bn // split])

@@ -129,6 +129,9 @@ MUTANTS = {
     "fused MLP's forward: post is relu(pre), not squared": ("train_gpt.py", [
         ("        return F.relu(s.to(f)).square().to(s.dtype)", "        return F.relu(s.to(f)).to(s.dtype)")],
         ["tests/test_training.py::test_relu_square_mlp_op_has_the_rules_grads"]),
+    "fused MLP's backward: two programs per multiprocessor that do not both fit": ("train_gpt.py", [
+        ("(128, 128, 64, 8, 3, 4, 0, 2))", "(128, 128, 64, 8, 3, 2, 0, 2))")],
+        ["tests/test_training.py::test_mlp_hopper_tiles_fit_the_shared_memory"]),
     "MUDD's backout bias left at zero": ("train_gpt.py", [
         ("        bias[1, 1, 1] = MUDD_BACKOUT_BIAS\n", "")], [f"{T}::test_full_size_model_has_the_record_parameters"]),
     "residual and output weights swapped": ("train_gpt.py", [

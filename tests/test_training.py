@@ -800,6 +800,36 @@ def test_cuda_relu_square_mlp_matches_float64():
         assert err < 1e-2 and err < 1.5 * plain_err + 1e-4, (name, err, plain_err)
 
 
+HOPPER_SMEM_PER_SM = 228 * 1024     # an H100's or H200's shared memory per multiprocessor
+HOPPER_SMEM_PER_BLOCK = 227 * 1024  # the most one program may take (Triton: "Hardware limit: 232448")
+SMEM_RESERVED_PER_BLOCK = 1024      # what the driver keeps back for each resident program
+
+
+def relu_square_kernel_smem(tile, backward: bool) -> int:
+    """Bytes of shared memory one program of _relu_square_mm_kernel asks for, by how Triton lays it out: each
+    pipeline stage's a and b tiles (bf16), the output's staging block and, in the backward, post's (one column
+    block each, of the tile's store_split), and an 8-byte barrier per stage plus 16."""
+    bm, bn, bk, _, stages, split, _, _ = tile
+    block = bm * (bn // split) * 2
+    return stages * ((bm + bn) * bk * 2 + 8) + block * (2 if backward else 1) + 16
+
+
+def test_mlp_hopper_tiles_fit_the_shared_memory():
+    """MLP_HOPPER_TILES' launches fit an H100's shared memory, and where a launch asks for two programs per
+    multiprocessor, two fit at once: two that do not run one after the other, at 0.45 ms where two resident
+    ones take 0.32 (records/2026-12-06_mlptiles-h100/mlpbench_c.txt). The byte count is checked against what
+    Triton reported for two launches that did not fit (records/2026-12-06_mlptiles-h100/mlpbench_a.txt,
+    records/2026-12-05_mlpfuse-h100/call2/mlpbench.txt)."""
+    assert relu_square_kernel_smem((128, 256, 64, 8, 4, 2, 0, 1), backward=True) == 262192
+    assert relu_square_kernel_smem((256, 128, 64, 8, 4, 2, 0, 1), backward=True) == 262192
+    assert relu_square_kernel_smem((128, 128, 128, 8, 3, 1, 0, 1), backward=True) == 262184
+    for tile, backward in zip(tg.MLP_HOPPER_TILES, (False, True)):
+        assert len(tile) == len(tg.MLP_TILE), tile
+        smem, per_sm = relu_square_kernel_smem(tile, backward), tile[-1]
+        assert smem <= HOPPER_SMEM_PER_BLOCK, (tile, smem)
+        assert per_sm * (smem + SMEM_RESERVED_PER_BLOCK) <= HOPPER_SMEM_PER_SM, (tile, smem, per_sm)
+
+
 OPTIMIZER_KERNELS = {"_add_into_fp32_kernel", "_add_rows_into_fp32_kernel", "_cautious_step_kernel"}
 
 

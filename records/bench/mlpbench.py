@@ -7,11 +7,11 @@ dim 768 -> 3072, bf16):
 2. the whole MLP, compiled with the norm before it as in a block, forward + backward: the plain path, the
    default's tiles (MLP_HOPPER_TILES) and the fastest of part 1 per direction.
 
-Prints ms per call (median of --repeats runs of --n calls) and the fused outputs' relative distance from
-cuBLAS's; --write FILE saves the fastest (forward, backward) launch as JSON (for stagebench.py --mlp_tiles).
+Prints ms per call (median of --repeats runs of --n calls), the fused outputs' relative distance from
+cuBLAS's and whether their bits are those of the default's launch (MLP_HOPPER_TILES); --write FILE saves the fastest (forward, backward) launch as JSON (for stagebench.py --mlp_tiles).
 A launch that does not fit the GPU (shared memory) is reported and skipped. One process on the GPU at a time.
 
-    python records/bench/mlpbench.py [--tokens 32768] [--n 50] [--repeats 5] [--write best.json]
+    python records/bench/mlpbench.py [--tokens 32768] [--n 50] [--repeats 5] [--write best.json] [--tiles JSON]
 """
 import argparse
 import json
@@ -26,12 +26,17 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import train_gpt as tg  # noqa: E402
 
-# tg.MLP_TILE each: rows, columns, depth, warps, stages, store_split, warp_specialize
-TILES = [(128, 256, 64, 8, 4, 2, 0), (128, 256, 64, 8, 3, 2, 0), (128, 256, 64, 8, 3, 4, 0),
-         (128, 256, 64, 8, 4, 4, 0), (128, 256, 64, 8, 2, 2, 0), (128, 128, 64, 8, 4, 1, 0),
-         (128, 128, 64, 4, 4, 1, 0), (128, 128, 64, 4, 5, 2, 0), (128, 128, 128, 8, 3, 1, 0),
-         (256, 128, 64, 8, 3, 2, 0), (64, 256, 64, 4, 4, 2, 0), (128, 256, 64, 8, 3, 2, 1),
-         (128, 128, 64, 4, 4, 1, 1)]
+# tg.MLP_TILE each: rows, columns, depth, warps, stages, store_split, warp_specialize, programs_per_sm
+TILES = [(128, 256, 64, 8, 4, 4, 0, 1), (128, 256, 64, 8, 3, 2, 1, 1), (128, 256, 64, 8, 4, 2, 0, 1),
+         (128, 256, 64, 8, 3, 2, 0, 1), (128, 256, 64, 8, 4, 4, 1, 1), (128, 256, 64, 8, 3, 4, 1, 1),
+         (256, 128, 64, 8, 3, 2, 0, 1), (256, 128, 64, 8, 3, 2, 1, 1), (256, 128, 64, 8, 4, 2, 0, 1),
+         (128, 128, 64, 4, 4, 1, 0, 1),
+         # two programs per multiprocessor, where two fit in its 228 KiB of shared memory: the pipeline's
+         # stages, the output's staging block and (backward) post's
+         (128, 128, 64, 4, 3, 2, 0, 2), (128, 128, 64, 4, 3, 2, 1, 2), (128, 128, 64, 4, 2, 2, 0, 2),
+         (128, 128, 64, 4, 2, 4, 0, 2), (128, 128, 64, 4, 3, 4, 0, 2), (128, 128, 64, 8, 2, 2, 0, 2),
+         (128, 128, 64, 8, 3, 4, 0, 2), (128, 128, 32, 4, 4, 2, 0, 2), (128, 128, 32, 4, 5, 4, 0, 2),
+         (64, 256, 64, 4, 2, 4, 0, 2), (128, 128, 64, 4, 2, 2, 1, 2)]
 
 
 def median_ms(fn, n: int, repeats: int) -> float:
@@ -54,8 +59,9 @@ def dist(a: Tensor, b: Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def kernels_part(x2, g2, fc_w, proj_w, n, repeats):
-    """Part 1: {direction: [(tile, ms, distance)]} and the cuBLAS + compiled reference's ms per direction."""
+def kernels_part(x2, g2, fc_w, proj_w, tiles, n, repeats):
+    """Part 1: {direction: [(tile, ms, distance, same bits as the default's)]} and the cuBLAS + compiled
+    reference's ms per direction."""
     relu_sq = torch.compile(lambda s: F.relu(s).square())
     relu_sq_grad = torch.compile(lambda d, p: (2 * F.relu(p.float()) * d.float()).to(d.dtype))
     pre = x2 @ fc_w.T
@@ -64,22 +70,19 @@ def kernels_part(x2, g2, fc_w, proj_w, n, repeats):
     ref = {"forward": (median_ms(lambda: relu_sq(x2 @ fc_w.T), n, repeats), median_ms(lambda: x2 @ fc_w.T, n, repeats)),
            "backward": (median_ms(lambda: relu_sq_grad(g2 @ proj_w.T, pre), n, repeats),
                         median_ms(lambda: g2 @ proj_w.T, n, repeats))}
-    rows = {"forward": [], "backward": []}
-    for tile in TILES:
-        for direction in rows:
+    calls = {"forward": (lambda tile: tg.relu_square_mm(x2, fc_w, None, tile), post),
+             "backward": (lambda tile: tg.relu_square_mm(g2, proj_w, post, tile), dpre)}
+    default = {direction: call(tile) for (direction, (call, _)), tile in zip(calls.items(), tg.MLP_HOPPER_TILES)}
+    rows = {direction: [] for direction in calls}
+    for tile in tiles:
+        for direction, (call, want) in calls.items():
             try:
-                if direction == "forward":
-                    got = tg.relu_square_mm(x2, fc_w, None, tile)
-                    ms = median_ms(lambda: tg.relu_square_mm(x2, fc_w, None, tile), n, repeats)
-                    d = dist(got, post)
-                else:
-                    got = tg.relu_square_mm(g2, proj_w, post, tile)
-                    ms = median_ms(lambda: tg.relu_square_mm(g2, proj_w, post, tile), n, repeats)
-                    d = dist(got, dpre)
+                got = call(tile)
+                ms = median_ms(lambda: call(tile), n, repeats)
             except Exception as e:  # a launch that does not fit: shared memory, registers
                 print(f"{direction} {tile}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
                 continue
-            rows[direction].append((tile, ms, d))
+            rows[direction].append((tile, ms, dist(got, want), torch.equal(got, default[direction])))
     return rows, ref
 
 
@@ -107,11 +110,13 @@ def main(argv=None):
     parser.add_argument("--n", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--write", help="save the fastest (forward, backward) launch here, as JSON")
+    parser.add_argument("--tiles", help="JSON: the launches to time (MLP_TILE each) instead of TILES")
     args = parser.parse_args(argv)
     gen = torch.Generator(device="cuda").manual_seed(0)
     x2, g2 = (torch.randn(args.tokens, 768, device="cuda", generator=gen).bfloat16() for _ in range(2))
     fc_w, proj_w = ((torch.randn(3072, 768, device="cuda", generator=gen) * 0.03).bfloat16() for _ in range(2))
-    rows, ref = kernels_part(x2, g2, fc_w, proj_w, args.n, args.repeats)
+    tiles = [tuple(t) for t in json.loads(args.tiles)] if args.tiles else TILES
+    rows, ref = kernels_part(x2, g2, fc_w, proj_w, tiles, args.n, args.repeats)
     flops = 2 * args.tokens * 3072 * 768
     print(f"{torch.cuda.get_device_name()}, {args.tokens} tokens, median of {args.repeats} x {args.n} calls")
     best = {}
@@ -119,9 +124,11 @@ def main(argv=None):
         both, mm_only = ref[direction]
         print(f"\n{direction}: cuBLAS matmul {mm_only:.4f} ms ({flops / mm_only / 1e9:.0f} TFLOP/s), "
               f"+ compiled ReLU^2 pass: {both:.4f} ms")
-        print(f"  {'tile':<34} {'ms':>8} {'TFLOP/s':>8} {'vs cuBLAS + pass':>17} {'distance':>9}")
-        for tile, ms, d in sorted(found, key=lambda r: r[1]):
-            print(f"  {str(tile):<34} {ms:8.4f} {flops / ms / 1e9:8.0f} {both / ms:16.3f}x {d:9.2e}")
+        print(f"  {'tile':<34} {'ms':>8} {'TFLOP/s':>8} {'vs cuBLAS + pass':>17} {'distance':>9} "
+              f"{'bits of the default':>20}")
+        for tile, ms, d, same in sorted(found, key=lambda r: r[1]):
+            print(f"  {str(tile):<34} {ms:8.4f} {flops / ms / 1e9:8.0f} {both / ms:16.3f}x {d:9.2e} "
+                  f"{'same' if same else 'differ':>20}")
         best[direction] = min(found, key=lambda r: r[1])[0]
     chosen = (best["forward"], best["backward"])
     print(f"\nfastest: forward {chosen[0]}, backward {chosen[1]}")
