@@ -27,10 +27,12 @@ GOLDEN = REPO / "tests" / "golden_tiny.json"
 # TINY at width 128 for 16 steps: long and wide enough that attention shapes the curve. Measured on an AMD EPYC
 # (2026-12-03): 1 and 2 threads give the same log; torch's other CPU kernel sets (ATEN_CPU_CAPABILITY=avx2 and
 # =default against avx512, as other CPUs would pick) move a loss by at most 0.0010. Removing QK-norm moves it by
-# 0.038, turning the rotary the other way by 0.009 (at the old 8 steps and width 64: 0.004 and 0.006).
+# 0.038, turning the rotary the other way by 0.009 (at the old 8 steps and width 64: 0.004 and 0.006). An Intel
+# Xeon with AVX-512 (2026-12-06, whose bf16 matmuls take other kernels) moved one by 0.0025 (train) and 0.0022
+# (val): the tolerance is twice that, so that a laptop's CPU does not fail a correct tree.
 GOLDEN_ARGS = ["--num_steps", "16", "--val_every", "8", "--seed", "1", "--model_dim", "128", "--num_heads", "4",
                "--run_id", "golden"]
-GOLDEN_TOL = 0.002  # twice the largest difference measured between CPU kernel sets
+GOLDEN_TOL = 0.005  # twice the largest difference measured between CPUs
 
 
 def golden_run(shards, tmp_path) -> tuple[dict, str]:
