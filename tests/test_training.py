@@ -820,7 +820,7 @@ def test_mlp_hopper_tiles_fit_the_shared_memory():
     """MLP_HOPPER_TILES' launches fit an H100's shared memory, and where a launch asks for two programs per
     multiprocessor, two fit at once: two that do not run one after the other, at 0.45 ms where two resident
     ones take 0.32 (records/2026-12-06_mlptiles-h100/mlpbench_c.txt). The byte count is checked against what
-    Triton reported for two launches that did not fit (records/2026-12-06_mlptiles-h100/mlpbench_a.txt,
+    Triton reported for three launches that did not fit (records/2026-12-06_mlptiles-h100/mlpbench_a.txt,
     records/2026-12-05_mlpfuse-h100/call2/mlpbench.txt)."""
     assert relu_square_kernel_smem((128, 256, 64, 8, 4, 2, 0, 1), backward=True) == 262192
     assert relu_square_kernel_smem((256, 128, 64, 8, 4, 2, 0, 1), backward=True) == 262192

@@ -8,7 +8,8 @@ dim 768 -> 3072, bf16):
    default's tiles (MLP_HOPPER_TILES) and the fastest of part 1 per direction.
 
 Prints ms per call (median of --repeats runs of --n calls), the fused outputs' relative distance from
-cuBLAS's and whether their bits are those of the default's launch (MLP_HOPPER_TILES); --write FILE saves the fastest (forward, backward) launch as JSON (for stagebench.py --mlp_tiles).
+cuBLAS's and whether their bits are those of the default's launch (MLP_HOPPER_TILES); --write FILE saves the
+fastest (forward, backward) launch as JSON (for stagebench.py --mlp_tiles); --tiles times other launches.
 A launch that does not fit the GPU (shared memory) is reported and skipped. One process on the GPU at a time.
 
     python records/bench/mlpbench.py [--tokens 32768] [--n 50] [--repeats 5] [--write best.json] [--tiles JSON]
