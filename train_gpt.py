@@ -183,7 +183,9 @@ def H(default, help: str):
     return field(default=default, metadata={"help": help})
 
 
-AUTO_MICRO_BATCH = 2  # sequences per forward pass where they divide evenly (records/2026-12-05_speed7-h200)
+# sequences per forward pass: the first of these that divides each stage's sequences per process (2:
+# records/2026-12-05_speed7-h200; 4: records/2026-12-06_mb4-h100, peak 39 GiB on one GPU)
+AUTO_MICRO_BATCHES = (4, 2)
 
 
 @dataclass
@@ -203,7 +205,7 @@ class Hyperparameters:
                                        "8, 16, 24 x 16,384 = 131K, 262K, 393K tokens (record)")
     micro_batch: int = H(0, "sequences per forward pass, dividing each stage's sequences per process: the same "
                             "training (only rounding moves), fewer passes for more memory. 0 = auto: "
-                            f"{AUTO_MICRO_BATCH} where that divides them, else 1")
+                            f"the first of {AUTO_MICRO_BATCHES} that divides them, else 1")
     # schedule
     num_steps: int = H(1385, "optimizer steps: 1375 scheduled + 10 extension (record 2026-05-07_XSAGatedLayers: "
                              "30 fewer than its base; the speedrun's master with it and MUDD ran 1385)")
@@ -1553,8 +1555,10 @@ class Bucket:
         device = params[0].device
         self.params, self.kind, self.group = params, kind, group
         self.numel = sum(p.numel() for p in params)
+        self.device = device
         self.flat = torch.zeros(world * shard_numel, device=device)
         self.grad = torch.zeros(shard_numel, device=device)
+        self.finite = torch.ones((), dtype=torch.bool, device=device)  # its parameters after their last update
         # each state's size per parameter: what state_dict() gathers and splits
         if kind == "muon":
             sizes = {"momentum": [p.numel() for p in params],
@@ -1573,10 +1577,11 @@ class Bucket:
 
     def sum_in_fp32(self, world: int):
         """Sum the micro-steps' grads in fp32 (acc); on one process the sum is the grad the optimizer reads, as
-        it is (the bigram table's sum alone is 773 MB)."""
-        self.acc = torch.zeros(self.numel, device=self.flat.device)
+        it is (the bigram table's sum alone is 773 MB), and flat is only the optimizer step's scratch, made in
+        each step: held, its 2 GB (all such buckets) sat in the forward's peak."""
+        self.acc = torch.zeros(self.numel, device=self.device)
         if world == 1:
-            self.grad = self.acc
+            self.grad, self.flat = self.acc, None
 
 
 def _grad_ready_hook(opt_ref, bucket_index: int, offset: int, param: Tensor):
@@ -1735,6 +1740,8 @@ class ShardedOptimizer:
                 self._reduce(b)
         for b in active:
             b.work.wait()
+            if b.flat is None:  # a one-process fp32 sum's scratch (sum_in_fp32)
+                b.flat = torch.empty(b.numel, device=b.device)
             torch.cat([p.reshape(-1) for p in b.params], out=b.flat[:b.numel])
             shard = b.flat[self._shard_slice(b, b.grad.numel())]
             if self.comm.world > 1:  # the all-gather's input may not alias its output; on one process it is it
@@ -1752,12 +1759,16 @@ class ShardedOptimizer:
             if b is self.head and self.tied:
                 n = b.params[0].numel()
                 b.flat[n:2 * n].copy_(b.flat[:n])
+            b.finite = finite(b.flat[:b.numel])
         params = [p for b in active for p in b.params]
         news = [new.view_as(p) for b in active
                 for new, p in zip(b.flat[:b.numel].split([p.numel() for p in b.params]), b.params)]
         torch._foreach_copy_(params, news)  # one launch for every parameter, not one each
         for p in params:
             p.grad = None
+        for b in active:
+            if b.acc is b.grad:
+                b.flat = None
 
     def _adam(self, b: Bucket, shard: Tensor, lr_factor: float):
         cfg, group = self.cfg, ADAM_GROUPS[b.group]
@@ -1834,9 +1845,9 @@ class ShardedOptimizer:
     @torch.no_grad()
     def all_finite(self) -> Tensor:
         """Whether every parameter is finite, as a device bool (no sync): a diverged run can keep a finite,
-        soft-capped loss for steps after its weights overflowed. A bucket's flat holds its parameters after
-        its last update (those of a bucket not updated since hold its last values, or zeros)."""
-        return torch.stack([finite(b.flat[:b.numel]) for b in self.buckets]).all()
+        soft-capped loss for steps after its weights overflowed. Each bucket's verdict was made at its last
+        update, in fp32, before the parameters' cast (a bucket not updated since keeps it)."""
+        return torch.stack([b.finite for b in self.buckets]).all()
 
     @torch.no_grad()
     def state_dict(self) -> dict:
@@ -1862,7 +1873,7 @@ class ShardedOptimizer:
         self.steps, self.adam_steps, self.tied = sd["steps"], sd["adam_steps"], sd["tied"]
         if sd["pending_adam_grads"] is not None:
             mine = self.comm.rank == 0
-            self.set_pending_grads([(s if mine else torch.zeros_like(s)).to(self.buckets[0].flat.device)
+            self.set_pending_grads([(s if mine else torch.zeros_like(s)).to(self.buckets[0].device)
                                     for s in sd["pending_adam_grads"]])
         i = 0
         for b in self.buckets:
@@ -2217,11 +2228,11 @@ def setup(cfg: Hyperparameters):
 
 
 def micro_batch(cfg: Hyperparameters, world: int) -> int:
-    """Sequences per forward pass: --micro_batch, or for 0 AUTO_MICRO_BATCH where it divides every stage's
-    sequences per process, else 1."""
+    """Sequences per forward pass: --micro_batch, or for 0 the first of AUTO_MICRO_BATCHES that divides every
+    stage's sequences per process, else 1."""
     if cfg.micro_batch:
         return cfg.micro_batch
-    return AUTO_MICRO_BATCH if all(n // world % AUTO_MICRO_BATCH == 0 for n in cfg.batch_seqs) else 1
+    return next((b for b in AUTO_MICRO_BATCHES if all(n // world % b == 0 for n in cfg.batch_seqs)), 1)
 
 
 STATE_BYTES = 20  # per parameter beside itself: its share of the flat fp32 copy and grad, two fp32 states, a sum
@@ -3112,7 +3123,8 @@ def gpu_error_message(e: Exception, cfg: Hyperparameters):
     """One line for the GPU failures that a flag fixes, or None: any other error keeps its traceback."""
     if isinstance(e, torch.OutOfMemoryError):
         doubled = ",".join(str(2 * n) for n in cfg.batch_seqs)
-        return (f"out of GPU memory with --seq_len {cfg.seq_len}: keep the tokens per step in shorter micro-batches, "
+        return (f"out of GPU memory with --seq_len {cfg.seq_len}: run fewer sequences per pass (--micro_batch 1), "
+                f"or keep the tokens per step in shorter micro-batches, "
                 f"e.g. --seq_len {cfg.seq_len // 2} --batch_seqs {doubled} (README: GPUs with less memory); in "
                 f"validation, a shorter --val_seq_len")
     if isinstance(e, RuntimeError) and "can't allocate memory" in str(e):  # the CPU allocator
@@ -3261,18 +3273,29 @@ MLP_HOPPER_TILES = ((128, 256, 64, 8, 4, 2, 0, 1), (128, 128, 64, 8, 3, 4, 0, 2)
 
 def softcap_ce_grad(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float, launch=(8, 512, 8, 64, 128),
                     approx: bool = True, seq_len: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """softcap_ce_rows, and its grad transposed as well (the two operands of the head's backward matmuls: FP8
+    matmuls take only K-contiguous operands); launch = the CE kernel's (rows, vocab columns, warps), then the
+    transpose's tile."""
+    loss, ntp, g = softcap_ce_rows(z, targets, weights, grad_s, launch[:3], approx, seq_len)
+    return loss, ntp, g, transposed(g, launch[3:5])
+
+
+def softcap_ce_rows(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float, launch=(8, 512, 8),
+                    approx: bool = True, seq_len: int = 0, out: tuple = None) -> tuple[Tensor, Tensor, Tensor]:
     """For logits z (N, vocab) of the training head, sequences of seq_len rows (0: one): per row, the
     multi-token loss (weights[k] times the cross-entropy of the capped logits against targets[row + k], where
-    row + k lies in the row's sequence) and the next-token loss; and
-    the multi-token loss's grad wrt z in e5m2 units of grad_s, row-major and transposed (the two operands of
-    the head's backward matmuls: FP8 matmuls take only K-contiguous operands). On GPU one kernel reads z twice
-    and writes the grad, a second transposes it; launch = (rows, vocab columns, warps) of the first, the tile
-    of the second."""
+    row + k lies in the row's sequence) and the next-token loss; and the multi-token loss's grad wrt z in e5m2
+    units of grad_s. Written into out = (loss, ntp, grad) if given (rows of larger tensors). On GPU one kernel
+    reads z twice and writes the grad; launch = its (rows, vocab columns, warps)."""
     if on_gpu(z):
-        return _softcap_ce_cuda(z, targets, weights, grad_s, launch, approx, seq_len or z.size(0))
+        return _softcap_ce_cuda(z, targets, weights, grad_s, launch, approx, seq_len or z.size(0), out)
     loss, ntp, dz = softcap_ce_parts(z, targets, weights, seq_len)
-    g = to_fp8(dz, grad_s, torch.float8_e5m2)
-    return loss, ntp, g, g.T.contiguous()
+    made = loss, ntp, to_fp8(dz, grad_s, torch.float8_e5m2)
+    if out is None:
+        return made
+    for o, t in zip(out, made, strict=True):
+        o.copy_(t)
+    return out
 
 
 def transposed(t: Tensor, tile=(64, 128)) -> Tensor:
@@ -3344,9 +3367,16 @@ def fp8_head_loss(x: Tensor, w: Tensor, x_f8: Tensor, w_f8: Tensor, targets: Ten
     multi-token loss's logit grad is computed here, with the losses, so backward is two FP8 matmuls; the
     next-token loss carries no grad (it is what the log reports). Returns (losses, and the e5m2 grad row-major
     and transposed, for backward)."""
-    z = scaled_mm(x_f8, w_f8.T, HEAD_X_SCALE, HEAD_W_SCALE, torch.bfloat16, fast_accum=True)
-    loss, ntp, g_f8, g_f8_t = softcap_ce_grad(z, targets, weights, HEAD_GRAD_SCALE, launch, approx, seq_len)
-    return loss.sum(), ntp.sum(), g_f8, g_f8_t
+    T, V = x_f8.size(0), w_f8.size(0)
+    loss, ntp = (torch.empty(T, device=x.device) for _ in range(2))
+    g = torch.empty(T, V, device=x.device, dtype=torch.float8_e5m2)
+    # the logits one sequence at a time (the targets stay in their sequence): a pass's bf16 logits are never
+    # all held, nor beside the transposed grad; at four 16K sequences per pass that was 6.6 GB of the peak
+    for rows in (slice(r, r + seq_len) for r in range(0, T, seq_len)):
+        softcap_ce_rows(scaled_mm(x_f8[rows], w_f8.T, HEAD_X_SCALE, HEAD_W_SCALE, torch.bfloat16, fast_accum=True),
+                        targets[rows], weights, HEAD_GRAD_SCALE, launch[:3], approx, seq_len,
+                        out=(loss[rows], ntp[rows], g[rows]))
+    return loss.sum(), ntp.sum(), g, transposed(g, launch[3:5])
 
 
 @fp8_head_loss.register_fake
@@ -3527,17 +3557,18 @@ qk_norm_rotary.register_autograd(_qk_grad, setup_context=_qk_setup)
 
 
 def _softcap_ce_cuda(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float, launch, approx: bool,
-                     seq_len: int):
+                     seq_len: int, out: tuple = None):
     T, V = z.shape
-    loss, ntp = (torch.empty(T, device=z.device, dtype=torch.float32) for _ in range(2))
-    g = torch.empty(T, V, device=z.device, dtype=torch.float8_e5m2)
-    block_t, block_v, warps, *tile = launch
+    loss, ntp, g = out or (*(torch.empty(T, device=z.device) for _ in range(2)),
+                           torch.empty(T, V, device=z.device, dtype=torch.float8_e5m2))
+    block_t, block_v, warps = launch
     assert weights.numel() == MTP_TOKENS and weights.dtype == torch.float32
+    assert all(t.is_contiguous() for t in (loss, ntp, g)) and g.shape == z.shape
     _softcap_ce_kernel[(triton.cdiv(T, block_t),)](z, targets, weights.contiguous(), loss, ntp, g, T, seq_len,
                                                    1 / grad_s, V=V, CAP=SOFTCAP, SHIFT=SOFTCAP_SHIFT, DIV=SOFTCAP_DIV,
                                                    TOP=E5M2_MAX, BLOCK_T=block_t, BLOCK_V=block_v, APPROX=approx,
                                                    num_warps=warps)
-    return loss, ntp, g, transposed(g, tile)
+    return loss, ntp, g
 
 
 def rehearse_kernels(trainer: "Trainer"):
@@ -3611,7 +3642,7 @@ if triton is not None:
     def _softcap_ce_kernel(z_ptr, targets_ptr, weights_ptr, loss_ptr, ntp_ptr, g_ptr, T, S, inv_grad_s,
                            V: tl.constexpr, CAP: tl.constexpr, SHIFT: tl.constexpr, DIV: tl.constexpr,
                            TOP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, APPROX: tl.constexpr):
-        """Rows [pid*BLOCK_T, +BLOCK_T) of softcap_ce_grad: a pass over the vocab for the log-sum-exp, a second
+        """Rows [pid*BLOCK_T, +BLOCK_T) of softcap_ce_rows: a pass over the vocab for the log-sum-exp, a second
         that writes each (BLOCK_T x BLOCK_V) tile of the e5m2 grad. The cap is written with tanh,
         sigmoid(u) = (1 + tanh(u/2)) / 2, so c - CAP = CAP/2 (t - 1) and dc/dz = CAP/(4 DIV) (1 - t^2).
         Exponentials are base 2 with log2(e) folded into the constants, and no running max is kept: the capped

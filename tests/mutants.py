@@ -186,6 +186,15 @@ MUTANTS = {
         ("    agree = step > 0 if strict else step >= 0", "    agree = step == step")], [T]),
     "divergence check blind to -inf (max alone)": ("train_gpt.py", [
         ("torch.stack(torch.aminmax(t)).isfinite()", "torch.stack((t.max(), t.max())).isfinite()")], [T]),
+    "the optimizer's divergence verdict not renewed at an update": ("train_gpt.py", [
+        ("            b.finite = finite(b.flat[:b.numel])\n", "")],
+        ["tests/test_trust.py::test_a_non_finite_parameter_stops_the_run_at_that_step"]),
+    "the FP8 head's logits by sequence leave the last sequence out": ("train_gpt.py", [
+        ("for r in range(0, T, seq_len)", "for r in range(0, T - seq_len, seq_len)")],
+        ["tests/test_training.py::test_fp8_head_close_to_bf16"]),
+    "the FP8 head's sequences all read the first one's targets": ("train_gpt.py", [
+        ("                        targets[rows], weights, HEAD_GRAD_SCALE", "                        targets[:seq_len], weights, HEAD_GRAD_SCALE")],
+        ["tests/test_training.py::test_fp8_head_close_to_bf16"]),
     "Adam every step": ("train_gpt.py", [("    return step % 2 == 1\n", "    return True\n")], [SCHEDULES]),
     "embedding not tied to lm_head": ("train_gpt.py", [
         ("        if b is self.head and self.tied:  # the embedding's grad", "        if False:  # the embedding's grad")],

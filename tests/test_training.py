@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import REPO, TINY, losses, make_sample_shards, tiny_args, tiny_run, write_shard  # first: repo on sys.path
+from conftest import REPO, TINY, load_script, losses, make_sample_shards, tiny_args, tiny_run, write_shard  # first: repo on sys.path
 import train_gpt as tg  # noqa: E402
 
 GOLDEN = REPO / "tests" / "golden_tiny.json"
@@ -407,12 +407,14 @@ def test_every_parameter_gets_a_gradient():
 W3 = torch.tensor([1.0, 0.5, 0.25])  # multi-token weights of the first steps
 
 
-def test_fp8_head_close_to_bf16():
-    """The FP8 head's losses and grads against the bf16 head's (head_loss with fp8=False, plain autograd)."""
+@pytest.mark.parametrize("shape", [(256, 128), (4, 64, 128)])
+def test_fp8_head_close_to_bf16(shape):
+    """The FP8 head's losses and grads against the bf16 head's (head_loss with fp8=False, plain autograd), for
+    one sequence and for four (whose logits the FP8 head makes one sequence at a time)."""
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(256, 128, generator=gen).requires_grad_()
+    x = torch.randn(*shape, generator=gen).requires_grad_()
     w = (torch.randn(512, 128, generator=gen) * 0.05).bfloat16().requires_grad_()
-    targets = torch.randint(0, 512, (256,), generator=gen)
+    targets = torch.randint(0, 512, shape[:-1], generator=gen)
     fp8, fp8_ntp = tg.head_loss(x, w, targets, W3, fp8=True)
     gx, gw = torch.autograd.grad(fp8, (x, w))
     bf16, bf16_ntp = tg.head_loss(x, w, targets, W3, fp8=False)
@@ -836,33 +838,29 @@ OPTIMIZER_KERNELS = {"_add_into_fp32_kernel", "_add_rows_into_fp32_kernel", "_ca
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_rehearsal_builds_the_kernels_a_step_launches(sample_shards, tmp_path, monkeypatch):
+def test_cuda_rehearsal_builds_the_kernels_a_step_launches(sample_shards, tmp_path):
     """rehearse_kernels launches each of the model's hand-written kernels as a training step does, so Triton
     compiles each once: with its in-memory caches emptied, the rehearsal's thread compiles the forward's and
-    backward's kernels, and a train step after it compiles none of them again, only the optimizer's."""
-    import threading
+    backward's kernels, and a train step after it compiles none of them again, only the optimizer's (each
+    compile seen by the stage bench's KernelCompiles)."""
     from triton.runtime.jit import JITFunction
+    stagebench = load_script("stagebench", "records/bench/stagebench.py")
     for fn in vars(tg).values():
         if isinstance(fn, JITFunction):
             fn.device_caches.clear()
-    compiled, original = [], JITFunction._do_compile
-
-    def recorded(fn, *args, **kwargs):
-        compiled.append((threading.current_thread().name, fn.__name__))
-        return original(fn, *args, **kwargs)
-    monkeypatch.setattr(JITFunction, "_do_compile", recorded)
     trainer = tg.build(tg.parse_args(tiny_args(sample_shards, tmp_path, "--device", "cuda", "--compile", "0",
                                                "--fp8_head", "1", "--num_steps", "2")))
-    rehearsal = tg.KernelRehearsal(trainer)
-    rehearsal.finish()
+    with stagebench.KernelCompiles() as compiles:
+        rehearsal = tg.KernelRehearsal(trainer)
+        rehearsal.finish()
     assert rehearsal.error is None, rehearsal.error
     want = {"_qk_norm_rotary_fwd", "_qk_norm_rotary_bwd", "_softcap_ce_kernel", "_transpose_bytes_kernel"}
     if trainer.kernels.mlp_tiles:
         want.add("_relu_square_mm_kernel")
-    assert {name for thread, name in compiled if thread == "kernel_rehearsal"} == want, compiled
-    compiled.clear()
-    tg.train_step(trainer, 0)
-    assert {name for _, name in compiled} <= OPTIMIZER_KERNELS, compiled
+    assert {name for thread, name, _ in compiles.done if thread == "kernel_rehearsal"} == want, compiles.done
+    with stagebench.KernelCompiles() as compiles:
+        tg.train_step(trainer, 0)
+    assert {name for _, name, _ in compiles.done} <= OPTIMIZER_KERNELS, compiles.done
     tg.release_lock(trainer.lock)
 
 

@@ -1081,16 +1081,16 @@ def test_tokens_before_equals_the_sum_over_steps():
 
 
 def test_a_non_finite_parameter_stops_the_run_at_that_step(sample_shards, tmp_path, monkeypatch):
-    """An update that leaves an infinite weight while the loss is still finite (it was computed before the
-    update): the run stops at that step, logs no later step, writes no checkpoint of it, and says so."""
+    """An update that leaves a non-finite weight while the loss is still finite (it was computed before the
+    update): the run stops at that step, logs no later step, writes no checkpoint of it, and says so. The third
+    step's summed grads hold an inf, which its update spreads to the weights."""
     real_step = tg.ShardedOptimizer.step
 
     def step(opt, lr_factor, momentum):
-        real_step(opt, lr_factor, momentum)
-        if opt.steps == 3:
+        if opt.steps == 2:
             with torch.no_grad():
-                opt.buckets[0].params[0].view(-1)[0] = float("inf")
-                opt.buckets[0].flat[0] = float("inf")
+                opt.buckets[0].grad[0] = float("inf")
+        real_step(opt, lr_factor, momentum)
 
     monkeypatch.setattr(tg.ShardedOptimizer, "step", step)
     with pytest.raises(SystemExit, match="the parameters became non-finite at step 3: the run diverged. Newest good "
