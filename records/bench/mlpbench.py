@@ -1,5 +1,5 @@
-"""Time the ReLU^2 MLP's matmuls at one forward pass of the default on one GPU (two 16K sequences: 32,768 tokens;
-dim 768 -> 3072, bf16):
+"""Time the ReLU^2 MLP's matmuls at one forward pass of the default on one GPU (four 16K sequences: 65,536
+tokens, since records/2026-12-06_mb4-h100; dim 768 -> 3072, bf16):
 
 1. each direction's fused ReLU^2 matmul kernel (relu_square_mm) at each launch of TILES against cuBLAS's
    matmul plus inductor's compiled ReLU^2 pass (forward: s = x @ fc_w.T, then relu(s)^2; backward: g @ proj_w.T,
@@ -12,7 +12,7 @@ cuBLAS's and whether their bits are those of the default's launch (MLP_HOPPER_TI
 fastest (forward, backward) launch as JSON (for stagebench.py --mlp_tiles); --tiles times other launches.
 A launch that does not fit the GPU (shared memory) is reported and skipped. One process on the GPU at a time.
 
-    python records/bench/mlpbench.py [--tokens 32768] [--n 50] [--repeats 5] [--write best.json] [--tiles JSON]
+    python records/bench/mlpbench.py [--tokens 65536] [--n 50] [--repeats 5] [--write best.json] [--tiles JSON]
 """
 import argparse
 import json
@@ -107,7 +107,7 @@ def module_part(tiles_list, n, repeats, tokens):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=32768)
+    parser.add_argument("--tokens", type=int, default=65536)
     parser.add_argument("--n", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--write", help="save the fastest (forward, backward) launch here, as JSON")
