@@ -1555,8 +1555,8 @@ class Bucket:
         device = params[0].device
         self.params, self.kind, self.group = params, kind, group
         self.numel = sum(p.numel() for p in params)
-        self.device = device
-        self.flat = torch.zeros(world * shard_numel, device=device)
+        self.device, self.flat_numel = device, world * shard_numel
+        self.flat = None  # made by scratch() when a step needs it, dropped at the step's end
         self.grad = torch.zeros(shard_numel, device=device)
         self.finite = torch.ones((), dtype=torch.bool, device=device)  # its parameters after their last update
         # each state's size per parameter: what state_dict() gathers and splits
@@ -1577,11 +1577,19 @@ class Bucket:
 
     def sum_in_fp32(self, world: int):
         """Sum the micro-steps' grads in fp32 (acc); on one process the sum is the grad the optimizer reads, as
-        it is (the bigram table's sum alone is 773 MB), and flat is only the optimizer step's scratch, made in
-        each step: held, its 2 GB (all such buckets) sat in the forward's peak."""
+        it is (the bigram table's sum alone is 773 MB)."""
         self.acc = torch.zeros(self.numel, device=self.device)
         if world == 1:
-            self.grad, self.flat = self.acc, None
+            self.grad = self.acc
+
+    def scratch(self) -> Tensor:
+        """flat: the parameters (or, for the reduce, the grads) end to end in fp32, its padding to `world`
+        shards zero; made when a step first needs it and dropped at the step's end, where held for the run
+        one GPU's 2 GB of them sat in the forward's peak (records/2026-12-06_mb4-h100)."""
+        if self.flat is None:
+            self.flat = torch.empty(self.flat_numel, device=self.device)
+            self.flat[self.numel:].zero_()
+        return self.flat
 
 
 def _grad_ready_hook(opt_ref, bucket_index: int, offset: int, param: Tensor):
@@ -1710,7 +1718,7 @@ class ShardedOptimizer:
 
     @torch.no_grad()
     def _reduce(self, b: Bucket):
-        summed = b.grad if b.acc is b.grad else b.flat  # one process: the fp32 sum is reduced where it is
+        summed = b.grad if b.acc is b.grad else b.scratch()  # one process: the fp32 sum is reduced where it is
         if b.acc is None:
             torch.cat([p.grad.reshape(-1) for p in b.params], out=b.flat[:b.numel])
         elif b.acc is not b.grad:
@@ -1740,9 +1748,7 @@ class ShardedOptimizer:
                 self._reduce(b)
         for b in active:
             b.work.wait()
-            if b.flat is None:  # a one-process fp32 sum's scratch (sum_in_fp32)
-                b.flat = torch.empty(b.numel, device=b.device)
-            torch.cat([p.reshape(-1) for p in b.params], out=b.flat[:b.numel])
+            torch.cat([p.reshape(-1) for p in b.params], out=b.scratch()[:b.numel])
             shard = b.flat[self._shard_slice(b, b.grad.numel())]
             if self.comm.world > 1:  # the all-gather's input may not alias its output; on one process it is it
                 shard = shard.clone()
@@ -1767,8 +1773,7 @@ class ShardedOptimizer:
         for p in params:
             p.grad = None
         for b in active:
-            if b.acc is b.grad:
-                b.flat = None
+            b.flat = None
 
     def _adam(self, b: Bucket, shard: Tensor, lr_factor: float):
         cfg, group = self.cfg, ADAM_GROUPS[b.group]
