@@ -3276,13 +3276,11 @@ MLP_TILE = ("rows", "columns", "depth", "warps", "stages", "store_split", "warp_
 MLP_HOPPER_TILES = ((128, 256, 64, 8, 4, 2, 0, 1), (128, 128, 64, 8, 3, 4, 0, 2))
 
 
-def softcap_ce_grad(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float, launch=(8, 512, 8, 64, 128),
-                    approx: bool = True, seq_len: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """softcap_ce_rows, and its grad transposed as well (the two operands of the head's backward matmuls: FP8
-    matmuls take only K-contiguous operands); launch = the CE kernel's (rows, vocab columns, warps), then the
-    transpose's tile."""
-    loss, ntp, g = softcap_ce_rows(z, targets, weights, grad_s, launch[:3], approx, seq_len)
-    return loss, ntp, g, transposed(g, launch[3:5])
+def ce_outputs(rows: int, vocab: int, device) -> tuple[Tensor, Tensor, Tensor]:
+    """What softcap_ce_rows writes for rows of logits: the fp32 multi-token and next-token losses per row, and
+    the e5m2 grad (rows, vocab)."""
+    return (torch.empty(rows, device=device), torch.empty(rows, device=device),
+            torch.empty(rows, vocab, device=device, dtype=torch.float8_e5m2))
 
 
 def softcap_ce_rows(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float, launch=(8, 512, 8),
@@ -3373,8 +3371,7 @@ def fp8_head_loss(x: Tensor, w: Tensor, x_f8: Tensor, w_f8: Tensor, targets: Ten
     next-token loss carries no grad (it is what the log reports). Returns (losses, and the e5m2 grad row-major
     and transposed, for backward)."""
     T, V = x_f8.size(0), w_f8.size(0)
-    loss, ntp = (torch.empty(T, device=x.device) for _ in range(2))
-    g = torch.empty(T, V, device=x.device, dtype=torch.float8_e5m2)
+    loss, ntp, g = ce_outputs(T, V, x.device)
     # the logits one sequence at a time (the targets stay in their sequence): a pass's bf16 logits are never
     # all held, nor beside the transposed grad; at four 16K sequences per pass that was 6.6 GB of the peak
     for rows in (slice(r, r + seq_len) for r in range(0, T, seq_len)):
@@ -3564,8 +3561,7 @@ qk_norm_rotary.register_autograd(_qk_grad, setup_context=_qk_setup)
 def _softcap_ce_cuda(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float, launch, approx: bool,
                      seq_len: int, out: tuple = None):
     T, V = z.shape
-    loss, ntp, g = out or (*(torch.empty(T, device=z.device) for _ in range(2)),
-                           torch.empty(T, V, device=z.device, dtype=torch.float8_e5m2))
+    loss, ntp, g = out or ce_outputs(T, V, z.device)
     block_t, block_v, warps = launch
     assert weights.numel() == MTP_TOKENS and weights.dtype == torch.float32
     assert all(t.is_contiguous() for t in (loss, ntp, g)) and g.shape == z.shape

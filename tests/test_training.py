@@ -523,12 +523,13 @@ def test_scaled_mm_fallback_equals_torch_scaled_mm():
 
 
 def assert_ce_kernel_matches_fallback(z, targets, weights, loss_atol: float, approx: bool, seq_len: int = 0):
-    """softcap_ce_grad's Triton kernels on GPU against its torch rule on CPU: both losses within loss_atol,
-    under 0.1% of the e5m2 grads a rounding step apart, and the transposed grad exactly the grad's transpose."""
-    launch = (8, 512, 8, 64, 128)
-    loss, ntp, g, g_t = tg.softcap_ce_grad(z, targets, weights, tg.HEAD_GRAD_SCALE, launch, approx, seq_len)
-    ref_loss, ref_ntp, ref_g, _ = tg.softcap_ce_grad(z.cpu(), targets.cpu(), weights.cpu(), tg.HEAD_GRAD_SCALE,
-                                                     seq_len=seq_len)
+    """softcap_ce_rows's and transposed's Triton kernels on GPU against their torch rules on CPU: both losses
+    within loss_atol, under 0.1% of the e5m2 grads a rounding step apart, and the transposed grad exactly the
+    grad's transpose."""
+    loss, ntp, g = tg.softcap_ce_rows(z, targets, weights, tg.HEAD_GRAD_SCALE, (8, 512, 8), approx, seq_len)
+    g_t = tg.transposed(g, (64, 128))
+    ref_loss, ref_ntp, ref_g = tg.softcap_ce_rows(z.cpu(), targets.cpu(), weights.cpu(), tg.HEAD_GRAD_SCALE,
+                                                  seq_len=seq_len)
     torch.testing.assert_close(loss.cpu(), ref_loss, atol=loss_atol, rtol=1e-5)
     torch.testing.assert_close(ntp.cpu(), ref_ntp, atol=loss_atol, rtol=1e-5)
     differ = (g.cpu().float() != ref_g.float()).float().mean().item()
@@ -570,7 +571,8 @@ def test_cuda_softcap_ce_kernel_at_the_training_shape():
     T, V = 49152, 50304
     z = (torch.randn(T, V, device="cuda", generator=gen) * 8).bfloat16()
     targets = torch.randint(0, 50257, (T,), device="cuda", generator=gen)
-    loss, ntp, g, g_t = tg.softcap_ce_grad(z, targets, W3.cuda(), tg.HEAD_GRAD_SCALE)
+    loss, ntp, g = tg.softcap_ce_rows(z, targets, W3.cuda(), tg.HEAD_GRAD_SCALE)
+    g_t = tg.transposed(g)
     assert torch.equal(g_t.view(torch.uint8), g.view(torch.uint8).T)
     rows = torch.cat([torch.tensor([0, 1, T - 3], device="cuda"),
                       torch.randint(0, T - 3, (125,), device="cuda", generator=gen)])
@@ -578,8 +580,8 @@ def test_cuda_softcap_ce_kernel_at_the_training_shape():
     # losses within its error, the e5m2 grads a rounding step apart in under 0.1% of the sampled values
     differ = []
     for r in rows.tolist():
-        ref_loss, ref_ntp, ref_g, _ = tg.softcap_ce_grad(z[r:r + 3].cpu(), targets[r:r + 3].cpu(), W3,
-                                                         tg.HEAD_GRAD_SCALE)
+        ref_loss, ref_ntp, ref_g = tg.softcap_ce_rows(z[r:r + 3].cpu(), targets[r:r + 3].cpu(), W3,
+                                                      tg.HEAD_GRAD_SCALE)
         torch.testing.assert_close(loss[r].cpu(), ref_loss[0], atol=2e-3, rtol=1e-5)
         torch.testing.assert_close(ntp[r].cpu(), ref_ntp[0], atol=2e-3, rtol=1e-5)
         differ.append((g[r].cpu().float() != ref_g[0].float()).float().mean().item())
