@@ -2,7 +2,8 @@
 flags on the proxy shards, compiled and warmed up as train_gpt.py does, then at each batch stage and in the
 extension N steps with that stage's real schedule (batch, windows, YaRN, multi-token weights, Adam's every
 second step, the embedding tied or untied), each synchronized and timed, and two more profiled. Prints each
-stage's median and the projection, sum over stages of (its steps in the run x its median); appends them to
+stage's median and peak memory, the warm-up's peak, and the projection, sum over stages of (its steps in the
+run x its median); appends them to
 OUT/stagebench.txt and writes OUT/NAME_<stage>_profile.txt, and the warm-up's compile time by phase to
 OUT/NAME_compile_times.txt, where the warm-up's host time went (sampled stacks) to OUT/NAME_warmup_host.txt,
 and each hand-written Triton kernel's compile (thread, seconds) to OUT/NAME_kernel_compiles.txt.
@@ -191,6 +192,8 @@ def main(argv=None):
     with StackSampler() as sampler, KernelCompiles() as compiles:
         tg.warm_up(t)
     warm_s = time.perf_counter() - started
+    peak = torch.cuda.max_memory_allocated if cuda else (lambda: 0)
+    warm_peak = peak()  # the warm-up also holds its snapshot of the weights and states
     described = " ".join(settings + extra)  # what this bench ran with, on each line it appends
     (Path(args.out) / f"{args.name}_warmup_host.txt").write_text(sampler.report())
     (Path(args.out) / f"{args.name}_kernel_compiles.txt").write_text(compiles.report())
@@ -213,6 +216,8 @@ def main(argv=None):
         t.cfg = dataclasses.replace(t.cfg, profile_steps=prof)
         t.run_id = f"{args.name}_{name}"
         times = []
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
         for step in range(first, first + n + 2):
             sync()
             t0 = time.perf_counter()
@@ -222,14 +227,17 @@ def main(argv=None):
             if step < prof[0]:
                 times.append((time.perf_counter() - t0) * 1000)
         rows.append((name, count, tg.batch_seqs_at(first, t.cfg), first, statistics.median(times),
-                     statistics.mean(times), min(times)))
+                     statistics.mean(times), min(times), peak()))
         print(f"{name}: steps {first}..{first + n - 1}, median {rows[-1][4]:.1f} ms", flush=True)
-    projected = sum(count * median for _, count, _, _, median, _, _ in rows) / 1000
-    where = f"{torch.cuda.get_device_name()}, peak {torch.cuda.max_memory_allocated() // 2**20} MiB" if cuda else "CPU"
+    projected = sum(count * median for _, count, _, _, median, *_ in rows) / 1000
+    highest = max([warm_peak] + [row[-1] for row in rows])
+    where = (f"{torch.cuda.get_device_name()}, peak {highest // 2**20} MiB (warm-up {warm_peak // 2**20})" if cuda
+             else "CPU")
     lines = [f"{args.name}: {Path(args.script).name}, {where}, warm-up {warm_s:.1f} s, {n} timed steps per stage; "
              f"projected {t.cfg.num_steps}-step training time {projected:.1f} s; {described}"]
     lines += [f"  {name:<10} {count:5d} steps x {batch:2d} seqs  median {median:7.1f} ms  mean {mean:7.1f}  min "
-              f"{low:7.1f}  (steps {first}..{first + n - 1})" for name, count, batch, first, median, mean, low in rows]
+              f"{low:7.1f}  (steps {first}..{first + n - 1})" + (f"  peak {high // 2**20} MiB" if cuda else "")
+              for name, count, batch, first, median, mean, low, high in rows]
     print("\n".join(lines), flush=True)
     with open(Path(args.out) / "stagebench.txt", "a") as f:
         f.write("\n".join(lines) + "\n")
