@@ -117,7 +117,6 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 
 import argparse
 import contextlib
-import copy
 import dataclasses
 import errno
 import functools
@@ -730,16 +729,16 @@ class RowsIntoSum(torch.autograd.Function):
     grads) instead of making weight's dense grad; weight itself gets none."""
 
     @staticmethod
-    def forward(ctx, weight: Tensor, ids: Tensor, sink):
-        ctx.save_for_backward(ids)
+    def forward(ctx, weight: Tensor, ids: Tensor, sink, order):
+        ctx.save_for_backward(ids, *(order or ()))
         ctx.sink = sink
         return F.embedding(ids, weight)
 
     @staticmethod
     def backward(ctx, grad):
-        ids, = ctx.saved_tensors
-        ctx.sink.add(ids, grad)
-        return None, None, None
+        ids, *order = ctx.saved_tensors
+        ctx.sink.add(ids, grad, order or None)
+        return None, None, None, None
 
 
 # ---- RoPE with YaRN
@@ -1308,14 +1307,15 @@ class GPT(nn.Module):
         """The embedding tables, each read a row per token."""
         return [self.embed, *self.value_embeds] + ([self.bigram_embed] if self.bigram_embed is not None else [])
 
-    def lookup(self, table: nn.Embedding, ids: Tensor) -> Tensor:
+    def lookup(self, table: nn.Embedding, ids: Tensor, order: tuple = None) -> Tensor:
         """table's rows at ids. While training with the optimizer's row sinks attached (grad_sinks), the
         rows' grads are added straight into the table's fp32 grad sum: no dense (rows x dim) grad per
-        micro-step (the bigram table has 251,520 rows)."""
+        micro-step (the bigram table has 251,520 rows). order: ids flattened and sorted, and where each came
+        from (torch.sort), shared by the tables that the same ids index."""
         sink = self.grad_sinks.get(table.weight)
         if sink is None or not torch.is_grad_enabled():
             return table(ids)
-        return RowsIntoSum.apply(table.weight, ids, sink)
+        return RowsIntoSum.apply(table.weight, ids, sink, order)
 
     def embed_tokens(self, x: Tensor) -> Tensor:
         """x0 from the token embeddings x (B, T, dim): each plus a gated share of its predecessor's in its
@@ -1342,8 +1342,11 @@ class GPT(nn.Module):
         bigram = None
         if self.bigram_embed is not None:
             bigram = self.lookup(self.bigram_embed, bigram_hash(idx, self.bigram_embed.num_embeddings))
-        return self.core(idx, windows, self.lookup(self.embed, idx), bigram,
-                         [self.lookup(e, idx) for e in self.value_embeds])
+        # the token ids in order, once for the six tables they index: each table's rows then sum a run of
+        # equal ids before one atomic add (add_rows_into_fp32)
+        order = tuple(torch.sort(idx.flatten())) if self.grad_sinks and torch.is_grad_enabled() else None
+        return self.core(idx, windows, self.lookup(self.embed, idx, order), bigram,
+                         [self.lookup(e, idx, order) for e in self.value_embeds])
 
     def core(self, idx: Tensor, windows: Tensor, tokens: Tensor, bigram, ve: list) -> Tensor:
         """The masks and every block, from the rows the tables gave (B, T, dim each): one compiled graph."""
@@ -1606,8 +1609,8 @@ class RowSink:
         self.acc, self.ready = acc, ready
 
     @torch.no_grad()
-    def add(self, ids: Tensor, grad: Tensor):
-        add_rows_into_fp32(self.acc, ids.flatten(), grad.reshape(-1, grad.size(-1)))
+    def add(self, ids: Tensor, grad: Tensor, order: tuple = None):
+        add_rows_into_fp32(self.acc, ids.flatten(), grad.reshape(-1, grad.size(-1)), order=order)
         self.ready()
 
 
@@ -1835,7 +1838,7 @@ class ShardedOptimizer:
                 b.acc.copy_(s)
                 continue
             for p, g in zip(b.params, s.split([p.numel() for p in b.params])):
-                p.grad = g.view_as(p).to(p.dtype).clone()
+                p.grad = g.view_as(p).to(p.device, p.dtype, copy=True)
 
     @torch.no_grad()
     def zero_grads(self):
@@ -2456,9 +2459,21 @@ def validate(trainer: Trainer, step: int) -> bool:
     return reached
 
 
+def on_host(tree):
+    """tree (dicts and lists of tensors) with each tensor copied to host memory."""
+    if isinstance(tree, Tensor):
+        return tree.detach().to("cpu", copy=True)
+    if isinstance(tree, dict):
+        return {k: on_host(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(on_host(v) for v in tree)
+    return tree
+
+
 @dataclass
 class Snapshot:
-    """What warm-up's steps change, to be put back before the timed run."""
+    """What warm-up's steps change, to be put back before the timed run. Held in host memory: on the GPU its
+    weights, optimizer states and pending grads sat above the training's own peak (records/2026-12-06_peak-h100)."""
     model: dict
     bucket_states: list
     opt_counters: tuple  # steps, adam_steps, tied
@@ -2472,10 +2487,9 @@ def warm_up(trainer: Trainer):
     cfg = trainer.cfg
     if not cfg.warmup_steps:
         return
-    saved = Snapshot(copy.deepcopy(trainer.model.state_dict()), copy.deepcopy([b.state for b in trainer.opt.buckets]),
-                     (trainer.opt.steps, trainer.opt.adam_steps, trainer.opt.tied), trainer.opt.pending_grads(),
-                     trainer.train_loader.state(),
-                     trainer.step)
+    saved = Snapshot(on_host(trainer.model.state_dict()), on_host([b.state for b in trainer.opt.buckets]),
+                     (trainer.opt.steps, trainer.opt.adam_steps, trainer.opt.tied), on_host(trainer.opt.pending_grads()),
+                     trainer.train_loader.state(), trainer.step)
     start = time.perf_counter()
     rehearsal = KernelRehearsal(trainer) if trainer.device.type == "cuda" and cfg.compile else None
     for i in range(cfg.warmup_steps):
@@ -2485,7 +2499,8 @@ def warm_up(trainer: Trainer):
         rehearsal.finish()
     trainer.model.load_state_dict(saved.model)
     for b, state in zip(trainer.opt.buckets, saved.bucket_states):
-        b.state = state
+        for name, t in b.state.items():
+            t.copy_(state[name])
     trainer.opt.steps, trainer.opt.adam_steps, trainer.opt.tied = saved.opt_counters
     trainer.opt.zero_grads()
     trainer.opt.set_pending_grads(saved.pending_grads)
@@ -3265,6 +3280,7 @@ def main(argv=None):
 QK_ROWS = 32      # (token, head) rows per program of the QK-norm + rotary kernels: 16 to 64 timed the same
 ACC_BLOCK = 4096  # elements per program of the fp32 grad accumulate
 ROWS_TILE = (16, 256, 4)  # the embedding grads' row add: rows and columns per program, warps
+SORTED_ROWS_TILE = (8, 256, 2)  # the same for rows in sorted order (runs summed first): the fastest of 6 on an H100 (records/2026-12-06_rowsort-ce-h100)
 FP32_EPS = torch.finfo(torch.float32).eps  # F.rms_norm's default eps for bf16 input, which it normalizes in fp32
 # a launch of the fused ReLU^2 matmul: a tile of rows x columns outputs, depth deep; warps; pipeline stages;
 # the epilogue's stores in this many column blocks; warp specialization (1) or not (0); persistent programs
@@ -3325,16 +3341,25 @@ def add_into_fp32(acc: Tensor, g: Tensor, block: int = ACC_BLOCK):
         acc += g
 
 
-def add_rows_into_fp32(acc: Tensor, ids: Tensor, rows: Tensor, tile=ROWS_TILE):
+def add_rows_into_fp32(acc: Tensor, ids: Tensor, rows: Tensor, tile=ROWS_TILE, order: tuple = None,
+                       sorted_tile=SORTED_ROWS_TILE):
     """acc[ids[i]] += rows[i] for each i (repeated ids add up), acc fp32 (table rows, dim), rows (n, dim) of a
     narrower dtype: an embedding table's micro-step grad into its fp32 sum. On GPU one kernel of fp32 atomics,
     four columns to an instruction, reading rows as they are; index_add_ wants them in fp32 first (a copy) and
-    adds an element at a time."""
+    adds an element at a time. order: (ids sorted, where each came from), as torch.sort gives them: then the
+    kernel reads the rows in that order and sums each run of equal ids in its block before one atomic add (a
+    token id repeats many times in 65,536 tokens)."""
     if not on_gpu(acc):
         acc.index_add_(0, ids, rows.float())
         return
+    rows = rows.contiguous()
+    if order is not None:
+        (n, dim), (br, bd, warps), (sorted_ids, source) = rows.shape, sorted_tile, order
+        _add_sorted_rows_into_fp32_kernel[(triton.cdiv(n, br), triton.cdiv(dim, bd))](
+            acc, sorted_ids, source, rows, n, dim, BLOCK_R=br, BLOCK_D=bd, num_warps=warps)
+        return
     (n, dim), (br, bd, warps) = rows.shape, tile
-    _add_rows_into_fp32_kernel[(triton.cdiv(n, br), triton.cdiv(dim, bd))](acc, ids, rows.contiguous(), n, dim,
+    _add_rows_into_fp32_kernel[(triton.cdiv(n, br), triton.cdiv(dim, bd))](acc, ids, rows, n, dim,
                                                                            BLOCK_R=br, BLOCK_D=bd, num_warps=warps)
 
 
@@ -3592,10 +3617,11 @@ def rehearse_kernels(trainer: "Trainer"):
             tiles, x, w = settings.mlp_launch(), zeros(B, T, dim), zeros(4 * dim, dim)
             _, post = relu_square_mlp(x, w, w, tiles)
             relu_square_grad(x.view(-1, dim), w, post, tiles[len(MLP_TILE):])  # as the op's backward reads them
-        if model.fp8_head:
-            x, w = zeros(B * T, dim), zeros(V, dim)
+        if model.fp8_head:  # one sequence: the CE kernel's launches are a sequence's at any B, and a pass's
+            # grads (6.6 GB at four 16K sequences) raised the run's peak where the rehearsal ran beside the first step
+            x, w = zeros(T, dim), zeros(V, dim)
             x_f8, w_f8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
-            targets = torch.zeros(B * T, dtype=torch.long, device=device)
+            targets = torch.zeros(T, dtype=torch.long, device=device)
             launch = list(settings.head_launch())
             *_, g, g_t = fp8_head_loss(x, w, x_f8, w_f8, targets, torch.zeros(MTP_TOKENS, device=device), T, launch,
                                        settings.ce_tanh_approx)
@@ -3754,6 +3780,32 @@ if triton is not None:
         dst = tl.load(ids_ptr + i, mask=i < n).to(tl.int64)
         g = tl.load(rows_ptr + i[:, None].to(tl.int64) * dim + d[None, :], mask=live).to(tl.float32)
         tl.atomic_add(acc_ptr + dst[:, None] * dim + d[None, :], g, mask=live, sem="relaxed")
+
+    @triton.jit
+    def _run_sum(f1, v1, f2, v2):
+        """A segmented sum's step: v2 starts a new run where its flag is set."""
+        return f1 | f2, tl.where(f2 != 0, v2, v1 + v2)
+
+    @triton.jit
+    def _add_sorted_rows_into_fp32_kernel(acc_ptr, sorted_ptr, source_ptr, rows_ptr, n, dim, BLOCK_R: tl.constexpr,
+                                          BLOCK_D: tl.constexpr):
+        """acc[sorted[j], :] += rows[source[j], :] for this program's block of sorted positions j and columns:
+        each run of equal ids within the block summed in fp32 (a segmented scan), then one relaxed atomic add
+        per run (a run that crosses blocks adds once from each)."""
+        first = tl.program_id(0) * BLOCK_R
+        j = first + tl.arange(0, BLOCK_R)
+        d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        inside = j < n
+        live = inside[:, None] & (d < dim)[None, :]
+        ids = tl.load(sorted_ptr + j, mask=inside, other=-1).to(tl.int64)
+        before = tl.load(sorted_ptr + j - 1, mask=inside & (j > first), other=-2).to(tl.int64)
+        after = tl.load(sorted_ptr + j + 1, mask=(j + 1 < n) & (j + 1 < first + BLOCK_R), other=-3).to(tl.int64)
+        src = tl.load(source_ptr + j, mask=inside, other=0).to(tl.int64)
+        g = tl.load(rows_ptr + src[:, None] * dim + d[None, :], mask=live, other=0.0).to(tl.float32)
+        starts = tl.broadcast_to((ids != before).to(tl.int32)[:, None], (BLOCK_R, BLOCK_D))
+        _, sums = tl.associative_scan((starts, g), 0, _run_sum)
+        tl.atomic_add(acc_ptr + ids[:, None] * dim + d[None, :], sums, mask=live & (ids != after)[:, None],
+                      sem="relaxed")
 
     @triton.jit
     def _cautious_step_kernel(p_ptr, m_ptr, g_ptr, v_ptr, n, lr, decay, w1, w2, beta2, bias1, bias2, eps,

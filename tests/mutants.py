@@ -226,6 +226,12 @@ MUTANTS = {
     "warm-up leaves its grads behind": ("train_gpt.py", [("    trainer.opt.zero_grads()\n", ""),
                                                          ("    trainer.opt.set_pending_grads(saved.pending_grads)\n", "")],
         ["tests/test_training.py::test_warmup_leaves_no_trace"]),
+    "warm-up leaves the optimizer's states as its steps left them": ("train_gpt.py", [
+        ("            t.copy_(state[name])\n", "            pass\n")],
+        ["tests/test_training.py::test_warmup_leaves_no_trace"]),
+    "warm-up's snapshot shares the weights' storage": ("train_gpt.py", [
+        ('        return tree.detach().to("cpu", copy=True)', '        return tree.detach()')],
+        ["tests/test_training.py::test_warmup_leaves_no_trace"]),
     # schedules
     "batch size constant": ("train_gpt.py", [
         ("    return cfg.batch_seqs[part(step, len(cfg.batch_seqs), cfg)]", "    return cfg.batch_seqs[-1]")], [SCHEDULES]),

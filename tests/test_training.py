@@ -240,8 +240,8 @@ def sink_run(cfg, batches, with_sinks: bool, tied: bool):
         model.grad_sinks = opt.row_sinks([t.weight for t in model.tables()])
     rows, looked_up, real_lookup = {t: 0 for t in model.tables()}, [], model.lookup
 
-    def lookup(table, ids):  # the rows looked up keep their grads (no hooks: they would pin the model in C++)
-        out = real_lookup(table, ids)
+    def lookup(table, ids, order=None):  # the rows looked up keep their grads (no hooks: they would pin the model in C++)
+        out = real_lookup(table, ids, order)
         out.retain_grad()
         looked_up.append((table, ids, out))
         return out
@@ -353,7 +353,7 @@ def test_both_compile_scopes_compute_the_eager_step(whole):
         if compiled:  # as build() sets up training; eager casts its matrices itself
             model.use_weight_copies(opt.weight_copies(torch.bfloat16))
         seen, sink = [], model.grad_sinks[model.embed.weight]
-        sink.add = lambda ids, g, add=sink.add: seen.append(opt.launched) or add(ids, g)
+        sink.add = lambda ids, g, order=None, add=sink.add: seen.append(opt.launched) or add(ids, g, order)
         opt.reduce_in_backward = True
         loss = model(seq[:-1], seq[1:], torch.tensor([128, 256]), torch.tensor([1.0, 0.5, 0.25]))[0]
         loss.backward()
@@ -605,8 +605,8 @@ def test_cuda_add_into_fp32_is_the_exact_sum():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_row_sink_adds_rows_in_fp32():
-    """A table's rows' bf16 grads into its fp32 sum on the GPU (repeated ids among them) against the float64 sum
-    on the CPU: at the training shape with int32 ids, and with int64 ids at a ragged shape (rows and columns not
+    """A table's rows' bf16 grads into its fp32 sum on the GPU (repeated ids among them, added row by row or in
+    sorted runs) against the float64 sum on the CPU: at the training shape with int32 ids, and with int64 ids at a ragged shape (rows and columns not
     a multiple of the kernel's tile) into a table that is a view of a larger buffer, whose other rows must not
     move."""
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -617,10 +617,13 @@ def test_cuda_row_sink_adds_rows_in_fp32():
         g = torch.randn(B, T, dim, device="cuda", generator=gen).bfloat16()
         want = buf.cpu().double()
         want[1:-1].index_add_(0, ids.flatten().long().cpu(), g.flatten(0, 1).cpu().double())
-        ready = []
-        tg.RowSink(acc, lambda: ready.append(1)).add(ids, g)
-        torch.testing.assert_close(buf.cpu().double(), want, rtol=1e-6, atol=1e-5)
-        assert ready == [1]
+        start = buf.clone()
+        for order in (None, tuple(torch.sort(ids.flatten()))):  # each row's own atomic add; runs summed first
+            buf.copy_(start)
+            ready = []
+            tg.RowSink(acc, lambda: ready.append(1)).add(ids, g, order)
+            torch.testing.assert_close(buf.cpu().double(), want, rtol=1e-6, atol=1e-5)
+            assert ready == [1]
 
 
 FUSED_STEP_RTOL = 2e-6  # a few fp32 ulps: how far cautious_step_fused may be from its float64 rules
@@ -836,7 +839,8 @@ def test_mlp_hopper_tiles_fit_the_shared_memory():
         assert per_sm * (smem + SMEM_RESERVED_PER_BLOCK) <= HOPPER_SMEM_PER_SM, (tile, smem, per_sm)
 
 
-OPTIMIZER_KERNELS = {"_add_into_fp32_kernel", "_add_rows_into_fp32_kernel", "_cautious_step_kernel"}
+OPTIMIZER_KERNELS = {"_add_into_fp32_kernel", "_add_rows_into_fp32_kernel", "_add_sorted_rows_into_fp32_kernel",
+                     "_cautious_step_kernel"}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -202,7 +202,7 @@ def main(argv=None):
         torch._dynamo.utils.compile_times(repr="str", aggregate=True) + "\n")
     if args.warm_only:
         line = (f"{args.name}: {Path(args.script).name}, warm-up {warm_s:.1f} s (kernels compiled at first launch: "
-                f"{compiles.summary()}), {described}")
+                f"{compiles.summary()}), " + (f"peak {warm_peak // 2**20} MiB, " if cuda else "") + described)
         print(line, flush=True)
         with open(Path(args.out) / "warmups.txt", "a") as f:
             f.write(line + "\n")
