@@ -183,7 +183,8 @@ def H(default, help: str):
 
 
 # sequences per forward pass: the first of these that divides each stage's sequences per process (2:
-# records/2026-12-05_speed7-h200; 4: records/2026-12-06_mb4-h100, peak 39 GiB on one GPU)
+# records/2026-12-05_speed7-h200; 4: records/2026-12-06_mb4-h100; peak 32.1 GiB on one GPU:
+# records/2026-12-06_peak-h100)
 AUTO_MICRO_BATCHES = (4, 2)
 
 
@@ -2487,9 +2488,10 @@ def warm_up(trainer: Trainer):
     cfg = trainer.cfg
     if not cfg.warmup_steps:
         return
-    saved = Snapshot(on_host(trainer.model.state_dict()), on_host([b.state for b in trainer.opt.buckets]),
-                     (trainer.opt.steps, trainer.opt.adam_steps, trainer.opt.tied), on_host(trainer.opt.pending_grads()),
-                     trainer.train_loader.state(), trainer.step)
+    opt = trainer.opt
+    saved = Snapshot(on_host(trainer.model.state_dict()), on_host([b.state for b in opt.buckets]),
+                     (opt.steps, opt.adam_steps, opt.tied), on_host(opt.pending_grads()), trainer.train_loader.state(),
+                     trainer.step)
     start = time.perf_counter()
     rehearsal = KernelRehearsal(trainer) if trainer.device.type == "cuda" and cfg.compile else None
     for i in range(cfg.warmup_steps):
@@ -2498,12 +2500,12 @@ def warm_up(trainer: Trainer):
     if rehearsal is not None:
         rehearsal.finish()
     trainer.model.load_state_dict(saved.model)
-    for b, state in zip(trainer.opt.buckets, saved.bucket_states):
+    for b, state in zip(opt.buckets, saved.bucket_states):
         for name, t in b.state.items():
             t.copy_(state[name])
-    trainer.opt.steps, trainer.opt.adam_steps, trainer.opt.tied = saved.opt_counters
-    trainer.opt.zero_grads()
-    trainer.opt.set_pending_grads(saved.pending_grads)
+    opt.steps, opt.adam_steps, opt.tied = saved.opt_counters
+    opt.zero_grads()
+    opt.set_pending_grads(saved.pending_grads)
     trainer.step = saved.step
     trainer.train_loader.load_state(saved.loader)
     trainer.log(log_line(warmup_steps=cfg.warmup_steps, warmup_time=f"{(time.perf_counter() - start) * 1000:.0f}ms"))
@@ -3280,7 +3282,8 @@ def main(argv=None):
 QK_ROWS = 32      # (token, head) rows per program of the QK-norm + rotary kernels: 16 to 64 timed the same
 ACC_BLOCK = 4096  # elements per program of the fp32 grad accumulate
 ROWS_TILE = (16, 256, 4)  # the embedding grads' row add: rows and columns per program, warps
-SORTED_ROWS_TILE = (8, 256, 2)  # the same for rows in sorted order (runs summed first): the fastest of 6 on an H100 (records/2026-12-06_rowsort-ce-h100)
+# the row add's tile for rows in sorted order (runs summed first): the fastest of 6 on an H100 (rowsort-ce-h100)
+SORTED_ROWS_TILE = (8, 256, 2)
 FP32_EPS = torch.finfo(torch.float32).eps  # F.rms_norm's default eps for bf16 input, which it normalizes in fp32
 # a launch of the fused ReLU^2 matmul: a tile of rows x columns outputs, depth deep; warps; pipeline stages;
 # the epilogue's stores in this many column blocks; warp specialization (1) or not (0); persistent programs
@@ -3617,8 +3620,8 @@ def rehearse_kernels(trainer: "Trainer"):
             tiles, x, w = settings.mlp_launch(), zeros(B, T, dim), zeros(4 * dim, dim)
             _, post = relu_square_mlp(x, w, w, tiles)
             relu_square_grad(x.view(-1, dim), w, post, tiles[len(MLP_TILE):])  # as the op's backward reads them
-        if model.fp8_head:  # one sequence: the CE kernel's launches are a sequence's at any B, and a pass's
-            # grads (6.6 GB at four 16K sequences) raised the run's peak where the rehearsal ran beside the first step
+        if model.fp8_head:  # one sequence: the CE kernel's launches are a sequence's at any B, and a pass's grads
+            # (6.6 GB at four 16K sequences) beside the first step raised the peak (records/2026-12-06_peak-h100)
             x, w = zeros(T, dim), zeros(V, dim)
             x_f8, w_f8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
             targets = torch.zeros(T, dtype=torch.long, device=device)
