@@ -1828,18 +1828,13 @@ class ShardedOptimizer:
         return sums
 
     @torch.no_grad()
-    def pending_grads(self) -> list:
-        """Copies of the Adam grads summed since the last Adam step (after an even step they hold that step's)."""
-        return [s.clone() for s in self._adam_sums()]
-
-    @torch.no_grad()
     def set_pending_grads(self, sums: list):
         for b, s in zip([b for b in self.buckets if b.kind == "adam"], sums):
             if b.acc is not None:
                 b.acc.copy_(s)
                 continue
             for p, g in zip(b.params, s.split([p.numel() for p in b.params])):
-                p.grad = g.view_as(p).to(p.device, p.dtype, copy=True)
+                p.grad = g.view_as(p).to(p.dtype).clone()
 
     @torch.no_grad()
     def zero_grads(self):
@@ -2460,25 +2455,18 @@ def validate(trainer: Trainer, step: int) -> bool:
     return reached
 
 
-def on_host(tree):
-    """tree (dicts and lists of tensors) with each tensor copied to host memory."""
-    if isinstance(tree, Tensor):
-        return tree.detach().to("cpu", copy=True)
-    if isinstance(tree, dict):
-        return {k: on_host(v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(on_host(v) for v in tree)
-    return tree
+def model_on_host(model: nn.Module) -> dict:
+    """The model's state_dict copied to host memory: the next step updates the weights in place."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
 @dataclass
 class Snapshot:
-    """What warm-up's steps change, to be put back before the timed run. Held in host memory: on the GPU its
-    weights, optimizer states and pending grads sat above the training's own peak (records/2026-12-06_peak-h100)."""
+    """What warm-up's steps change, to be put back before the timed run: what a checkpoint holds of the model and
+    the optimizer, in host memory. On the GPU the weights, optimizer states and pending grads sat above the
+    training's own peak (records/2026-12-06_peak-h100)."""
     model: dict
-    bucket_states: list
-    opt_counters: tuple  # steps, adam_steps, tied
-    pending_grads: list  # Adam's grads summed since its last step
+    optimizer: dict
     loader: dict
     step: int
 
@@ -2488,9 +2476,7 @@ def warm_up(trainer: Trainer):
     cfg = trainer.cfg
     if not cfg.warmup_steps:
         return
-    opt = trainer.opt
-    saved = Snapshot(on_host(trainer.model.state_dict()), on_host([b.state for b in opt.buckets]),
-                     (opt.steps, opt.adam_steps, opt.tied), on_host(opt.pending_grads()), trainer.train_loader.state(),
+    saved = Snapshot(model_on_host(trainer.model), trainer.opt.state_dict(), trainer.train_loader.state(),
                      trainer.step)
     start = time.perf_counter()
     rehearsal = KernelRehearsal(trainer) if trainer.device.type == "cuda" and cfg.compile else None
@@ -2500,12 +2486,8 @@ def warm_up(trainer: Trainer):
     if rehearsal is not None:
         rehearsal.finish()
     trainer.model.load_state_dict(saved.model)
-    for b, state in zip(opt.buckets, saved.bucket_states):
-        for name, t in b.state.items():
-            t.copy_(state[name])
-    opt.steps, opt.adam_steps, opt.tied = saved.opt_counters
-    opt.zero_grads()
-    opt.set_pending_grads(saved.pending_grads)
+    trainer.opt.zero_grads()  # before the snapshot's pending grads go back
+    trainer.opt.load_state_dict(saved.optimizer)
     trainer.step = saved.step
     trainer.train_loader.load_state(saved.loader)
     trainer.log(log_line(warmup_steps=cfg.warmup_steps, warmup_time=f"{(time.perf_counter() - start) * 1000:.0f}ms"))
@@ -3000,7 +2982,7 @@ def save_checkpoint(trainer: Trainer, loss: float = None):
         if not all(torch.isfinite(p).all() for p in trainer.model.parameters()):
             raise diverged(trainer, f"non-finite parameters at step {trainer.step}, so no checkpoint was written")
         trainer.pending_checkpoint = {  # copies: the next step updates the weights in place
-            "model": {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()},
+            "model": model_on_host(trainer.model),
             "optimizer": trainer.opt.state_dict(),
             "loader": trainer.train_loader.state(), "step": trainer.step, "train_ms": trainer.clock.ms,
             "config": dataclasses.asdict(trainer.cfg), "source_sha256": source_sha256(), "run_id": trainer.run_id,

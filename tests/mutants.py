@@ -223,14 +223,14 @@ MUTANTS = {
     "checkpoints drop Adam's pending grads": ("train_gpt.py", [
         ("if self.steps % 2 else None", "if False else None")],
         ["tests/test_trust.py::test_resume_appends_to_its_log_and_continues_bitwise"]),
-    "warm-up leaves its grads behind": ("train_gpt.py", [("    trainer.opt.zero_grads()\n", ""),
-                                                         ("    trainer.opt.set_pending_grads(saved.pending_grads)\n", "")],
+    "warm-up leaves its grads behind": ("train_gpt.py", [
+        ("    trainer.opt.zero_grads()  # before the snapshot's pending grads go back\n", "")],
         ["tests/test_training.py::test_warmup_leaves_no_trace"]),
-    "warm-up leaves the optimizer's states as its steps left them": ("train_gpt.py", [
-        ("            t.copy_(state[name])\n", "            pass\n")],
+    "warm-up leaves the optimizer as its steps left it": ("train_gpt.py", [
+        ("    trainer.opt.load_state_dict(saved.optimizer)\n", "")],
         ["tests/test_training.py::test_warmup_leaves_no_trace"]),
     "warm-up's snapshot shares the weights' storage": ("train_gpt.py", [
-        ('        return tree.detach().to("cpu", copy=True)', '        return tree.detach()')],
+        ('    return {k: v.detach().to("cpu", copy=True) for k, v', '    return {k: v.detach() for k, v')],
         ["tests/test_training.py::test_warmup_leaves_no_trace"]),
     # schedules
     "batch size constant": ("train_gpt.py", [
