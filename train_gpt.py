@@ -1864,7 +1864,7 @@ class ShardedOptimizer:
                 full = self._gathered(b, shard)[:sum(sizes)]
                 for j, t in enumerate(full.split(sizes)):
                     shape = second_moment_shape(b.params[j].shape) if name == "second" else b.params[j].shape
-                    state[i + j][name] = t.view(shape).cpu().clone()
+                    state[i + j][name] = t.view(shape).cpu()  # full is a fresh buffer: no copy of it
             i += len(b.params)
         # after an even step, Adam's grads of that step wait for the next: the sum over all ranks is kept (rank 0
         # gets it back on resume), so a resumed run takes the same Adam step
