@@ -240,7 +240,8 @@ def sink_run(cfg, batches, with_sinks: bool, tied: bool):
         model.grad_sinks = opt.row_sinks([t.weight for t in model.tables()])
     rows, looked_up, real_lookup = {t: 0 for t in model.tables()}, [], model.lookup
 
-    def lookup(table, ids, order=None):  # the rows looked up keep their grads (no hooks: they would pin the model in C++)
+    # the rows looked up keep their grads (no hooks: they would pin the model in C++)
+    def lookup(table, ids, order=None):
         out = real_lookup(table, ids, order)
         out.retain_grad()
         looked_up.append((table, ids, out))
@@ -606,9 +607,9 @@ def test_cuda_add_into_fp32_is_the_exact_sum():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_row_sink_adds_rows_in_fp32():
     """A table's rows' bf16 grads into its fp32 sum on the GPU (repeated ids among them, added row by row or in
-    sorted runs) against the float64 sum on the CPU: at the training shape with int32 ids, and with int64 ids at a ragged shape (rows and columns not
-    a multiple of the kernel's tile) into a table that is a view of a larger buffer, whose other rows must not
-    move."""
+    sorted runs) against the float64 sum on the CPU: at the training shape with int32 ids, and with int64 ids at
+    a ragged shape (rows and columns not a multiple of the kernel's tile) into a table that is a view of a larger
+    buffer, whose other rows must not move."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     for rows, (B, T), dim, id_dtype in ((5000, (2, 16384), 768, torch.int32), (300, (1, 1003), 200, torch.int64)):
         buf = torch.randn(rows + 2, dim, device="cuda", generator=gen)
