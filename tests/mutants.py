@@ -258,6 +258,13 @@ MUTANTS = {
     "the stage bench echoes --inductor instead of reading the config back": ("records/bench/stagebench.py", [
         ('settings.append(f"{key}={getattr(config, last)!r}")', "settings.append(setting)")],
         ["tests/test_records.py::test_stagebench_warm_only_writes_where_the_warm_up_went"]),
+    "the Flex work count leaves out the full tiles": ("records/bench/flexwork.py", [
+        ("tiles = (mask.kv_num_blocks.sum() + mask.full_kv_num_blocks.sum()).item()",
+         "tiles = mask.kv_num_blocks.sum().item()")],
+        ["tests/test_records.py::test_flexwork_counts_the_tiles_and_pairs_of_a_brute_force_mask"]),
+    "the Flex work count gives paired-head layers every head": ("records/bench/flexwork.py", [
+        ("(cfg.num_heads // 2 if paired else cfg.num_heads)", "cfg.num_heads")],
+        ["tests/test_records.py::test_flexwork_counts_the_tiles_and_pairs_of_a_brute_force_mask"]),
     "pointwise kernels timed at the first step again": ("train_gpt.py", [
         ("        inductor_config.triton.autotune_pointwise = False\n", "")],
         ["tests/test_training.py::test_both_compile_scopes_compute_the_eager_step"]),

@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 from scipy import stats
 
 from conftest import REPO, TINY, load_script, tiny_run  # first: repo on sys.path
@@ -298,6 +299,37 @@ def test_benches_import_run_their_parsers_and_agree_on_the_bench():
     before = re.search(r"records/tool.py source (\S+)", recipe).group(1)
     assert "class GPT" in tool.source_of(REPO / before, log=True)
 
+
+def test_flexwork_counts_the_tiles_and_pairs_of_a_brute_force_mask():
+    """records/bench/flexwork.py's FLOPs against every (query, key) pair walked by brute force for the tiny
+    model's layers: a pair is inside when the key is at most the window before the query and not before the
+    query's document; a tile of 128 x 128 is computed when any pair in it is inside. Paired-head layers run
+    half the heads over the interleaved sequence (token t at 2t and 2t + 1)."""
+    flexwork = load_script("flexwork", "records/bench/flexwork.py")
+    cfg = tg.parse_args([*TINY, "--seq_len", "512"])
+    gen = np.random.default_rng(0)
+    seqs = gen.integers(0, 50257, (2, 512))
+    seqs[0, [0, 100, 101]] = seqs[1, [170, 400]] = tg.BOS_ID
+    short, long = tg.windows_at(0, cfg)
+    computed = inside = full = 0
+    for seq in seqs:
+        start = np.maximum.accumulate(np.where(seq == tg.BOS_ID, np.arange(512), 0))  # each token's document
+        for i in set(range(cfg.num_layers)) - set(cfg.no_attn_layers):
+            paired = i in cfg.paired_head_layers
+            window = (long if i in cfg.long_window_layers else short) * 128
+            pos = np.arange(1024 if paired else 512)
+            doc_start = 2 * start[pos // 2] if paired else start[pos]
+            q, k = pos[:, None], pos[None, :]
+            seen = (k <= q) & (k >= q - window) & (k >= doc_start[:, None])
+            n = pos.size // 128
+            tiles = seen.reshape(n, 128, n, 128).any(axis=(1, 3)).sum()
+            full += seen.reshape(n, 128, n, 128).all(axis=(1, 3)).sum()
+            per_pair = 4 * cfg.head_dim * (cfg.num_heads // 2 if paired else cfg.num_heads)
+            computed += per_pair * tiles * 128 * 128
+            inside += per_pair * seen.sum()
+    work = flexwork.flex_work(cfg, torch.from_numpy(seqs), 0)
+    assert (short, long) == (1, 2) and 0 < inside < computed and full  # partial and full tiles
+    assert work == {"computed": computed, "inside": inside}
 
 def test_stack_sampler_times_every_thread():
     """The stage bench's sampler gives a function the wall time it spent on any thread's stack: the autograd

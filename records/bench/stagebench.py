@@ -1,4 +1,4 @@
-"""Time the default recipe's train steps stage by stage and project its 1600-step training time: the default's
+"""Time the default recipe's train steps stage by stage and project its whole training time: the default's
 flags on the proxy shards, compiled and warmed up as train_gpt.py does, then at each batch stage and in the
 extension N steps with that stage's real schedule (batch, windows, YaRN, multi-token weights, Adam's every
 second step, the embedding tied or untied), each synchronized and timed, and two more profiled. Prints each
