@@ -25,8 +25,8 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #            batch size 131K -> 262K -> 393K tokens by thirds ................ batch_seqs_at (2025-11-29)
 #            stages end at round(S/3), round(2S/3); lr, batch, windows and MTP  stage_at, lr_factor
 #              by stage; cooldown from step int(0.4 S) ...................... (2026-01-30_VeFused: TrainingSchedule)
-#   model    11 layers, layer 0's MLP kept, its attention and layer 6's dropped . Hyperparameters.no_attn_layers
-#                                                                               (2025-09-05, 2025-09-21_DropAttn)
+#   model    11 layers, every MLP kept, layer 6's attention dropped ............ Hyperparameters.no_attn_layers
+#                                                                               (2026-01-19_BigramHashEmbedding)
 #            token-exact windows, long on layers 3 and 10, grown in stages ... first_visible, windows_at
 #            YaRN: RoPE frequencies and attention scale at each window stage ... yarn (2025-09-10_Yarn)
 #            smear: each token embedding mixes in its predecessor's, gated ..... GPT.embed_tokens (2025-09-18_Smear)
