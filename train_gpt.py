@@ -101,8 +101,9 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #   - FlexAttention with a BlockMask, where the record calls FlashAttention-3's varlen kernel: one mask rule
 #     (mask_rule) gives documents, causality and the token window; paired heads attend over the interleaved
 #     sequence through the same rule.
-#   - A step is 8, 16 or 24 micro-batches of 16,384 tokens (one compiled shape), where the record's 8 GPUs
-#     take 1 micro-batch of 16K, 32K or 48K tokens: the same documents, cut into 16K pieces.
+#   - A step is 8, 16 or 24 sequences of 16,384 tokens, run in passes of a few (micro_batch: one compiled
+#     shape; 4 per pass on one GPU), where the record's 8 GPUs take one sequence of 16K, 32K or 48K tokens
+#     each: the same documents, cut into 16K pieces.
 #   - RoPE turns dims j and j + d/2 together (the record turns neighbours 2j, 2j+1): a fixed permutation of
 #     head dims, the same model. The attention scale multiplies q inside the QK-norm + rotary op.
 #   - q and k come from one matmul and v from another; the output projection and MLP weights are fp32 (the
