@@ -265,6 +265,13 @@ MUTANTS = {
     "the Flex work count gives paired-head layers every head": ("records/bench/flexwork.py", [
         ("(cfg.num_heads // 2 if paired else cfg.num_heads)", "cfg.num_heads")],
         ["tests/test_records.py::test_flexwork_counts_the_tiles_and_pairs_of_a_brute_force_mask"]),
+    "the glue's bytes per step taken as one call's": ("records/bench/gluebw.py", [
+        ("gb = {n: ms / alone[n][0] * alone[n][1] for n, ms in timed.items()}",
+         "gb = {n: alone[n][1] for n, ms in timed.items()}")],
+        ["tests/test_records.py::test_gluebw_reads_a_real_profile_and_bounds_the_glue"]),
+    "the glue's bound not scaled to the whole category": ("records/bench/gluebw.py", [
+        ('"bound_ms": at_copy * glue_ms / covered if covered else 0.0', '"bound_ms": at_copy if covered else 0.0')],
+        ["tests/test_records.py::test_gluebw_reads_a_real_profile_and_bounds_the_glue"]),
     "pointwise kernels timed at the first step again": ("train_gpt.py", [
         ("        inductor_config.triton.autotune_pointwise = False\n", "")],
         ["tests/test_training.py::test_both_compile_scopes_compute_the_eager_step"]),

@@ -331,6 +331,48 @@ def test_flexwork_counts_the_tiles_and_pairs_of_a_brute_force_mask():
     assert (short, long) == (1, 2) and 0 < inside < computed and full  # partial and full tiles
     assert work == {"computed": computed, "inside": inside}
 
+def test_gluebw_reads_a_real_profile_and_bounds_the_glue(tmp_path, monkeypatch, capsys):
+    """records/bench/gluebw.py: a stage profile as the trainer wrote it (records/2026-12-06_full-main-h100) gives
+    its categories and listed kernels; kernel modules with Inductor's harness are found by their kernel's name
+    (one name in two graphs: both, averaged), others skipped; and the bound is worked by hand: a kernel taking
+    2 ms per step and 0.5 ms alone runs 4 times, each moving (0.25 + 0.75) / 2 GB: 2 GB per step; one whose
+    name the profile cut runs twice, 1 GB each: 2 more. A 4,000 GB/s copy moves the 4 GB in 1 ms; the two cover
+    3 of the category's 5 ms, so the bound is 5/3 ms."""
+    gluebw = load_script("gluebw", "records/bench/gluebw.py")
+    real = REPO / "records/2026-12-06_full-main-h100/bench/main_stage3_profile.txt"
+    categories, kernels = gluebw.read_profile(real)
+    assert categories[gluebw.GLUE] == 110.13 and categories["FlexAttention"] == 119.99 and len(categories) == 10
+    assert len(kernels) == 100 and kernels["_relu_square_mm_kernel"] == 75.46
+    assert sum(ms for n, ms in kernels.items() if tg.kernel_category(n) == gluebw.GLUE) == pytest.approx(101.89)
+
+    def kernel_module(path, name, gb=None):  # as Inductor writes one with benchmark_kernel on
+        harness = "def get_args():\n    return torch.ones(8), torch.zeros(8)\n\n\ndef call(args):\n    " \
+                  "args[1].copy_(args[0])\n"
+        main = "" if gb is None else f"\n\nif __name__ == '__main__':\n    num_gb = {gb}\n"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(f"import torch\n\n\ndef {name}(in_ptr0, xnumel):\n    pass\n\n\n{harness}{main}")
+
+    kernel_module(tmp_path / "ab" / "cab.py", "triton_poi_fused_add_0", 0.25)  # one name in two graphs
+    kernel_module(tmp_path / "cd" / "ccd.py", "triton_poi_fused_add_0", 0.75)
+    kernel_module(tmp_path / "ab" / "cother.py", "triton_per_fused_sum_1")  # no bytes counted: not found
+    (tmp_path / "ab" / "wrapper.py").write_text("def call(args):\n    pass\n")  # a graph's module: no harness
+    long = "triton_per_fused_" + "mul_" * 40 + "2"  # the profile cuts it at 150 characters
+    kernel_module(tmp_path / "ef" / "clong.py", long, 1.0)
+    assert {n: len(p) for n, p in gluebw.find_kernels(tmp_path).items()} == {"triton_poi_fused_add_0": 2, long: 1}
+
+    profile = tmp_path / "p.txt"
+    profile.write_text(f"{gluebw.GLUE:<26} {5.0:9.2f} ms\n\ncostliest kernels (ms per step):\n"
+                       f"{2.0:9.2f}  triton_poi_fused_add_0\n{1.0:9.2f}  {long[:150]}\n"
+                       f"{1.0:9.2f}  triton_red_fused_mean_7\n{3.0:9.2f}  nvjet_sm90_tst_192x192\n")
+    monkeypatch.setattr(gluebw, "time_ms", lambda fn: fn() or 0.5)
+    monkeypatch.setattr(gluebw, "copy_gbps", lambda: 4000.0)
+    gluebw.main([str(tmp_path), str(profile)])
+    out = capsys.readouterr().out
+    assert "the profile lists 4.00 ms of it, 3.00 ms timed here" in out
+    assert "timed kernels: 4.0 GB per step at 1333 GB/s, 33% of the copy's rate; at the copy's rate 1.00 ms" in out
+    assert "bound for the whole category (scaled by coverage): 1.67 ms per step, against 5.00 measured" in out
+    assert re.search(r"2\.00 +1000 +25%  triton_poi_fused_add_0 \*", out)
+
 def test_stack_sampler_times_every_thread():
     """The stage bench's sampler gives a function the wall time it spent on any thread's stack: the autograd
     engine runs (and compiles) backward on a thread of its own while the main thread waits for it."""
