@@ -2620,9 +2620,21 @@ def start_log(path: Path, script: str) -> Path:
     return path
 
 
+def cpu_name() -> str:
+    """The host's CPU model (Linux names it in /proc/cpuinfo; elsewhere what platform knows)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def environment() -> str:
+    # the host CPU too: compiling happens there, and one code's cold warm-up took 48.5 to 78.7 s on fresh H100
+    # machines (records/2026-12-06_full-main-h100)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     lines = [f"python {platform.python_version()}", f"torch {torch.__version__}", f"numpy {np.__version__}",
-             f"cuda {torch.version.cuda}"]
+             f"cuda {torch.version.cuda}", f"cpu {cpu_name()}, {cores} cores"]
     try:
         import triton
         lines.append(f"triton {triton.__version__}")

@@ -272,6 +272,9 @@ MUTANTS = {
     "the glue's bound not scaled to the whole category": ("records/bench/gluebw.py", [
         ('"bound_ms": at_copy * glue_ms / covered if covered else 0.0', '"bound_ms": at_copy if covered else 0.0')],
         ["tests/test_records.py::test_gluebw_reads_a_real_profile_and_bounds_the_glue"]),
+    "the log's environment leaves out the host CPU": ("train_gpt.py", [
+        (', f"cpu {cpu_name()}, {cores} cores"]', "]")],
+        ["tests/test_training.py::test_golden_loss_curve"]),
     "pointwise kernels timed at the first step again": ("train_gpt.py", [
         ("        inductor_config.triton.autotune_pointwise = False\n", "")],
         ["tests/test_training.py::test_both_compile_scopes_compute_the_eager_step"]),

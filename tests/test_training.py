@@ -7,6 +7,7 @@ import math
 import multiprocessing
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,8 @@ def test_golden_loss_curve(sample_shards, tmp_path):
     regenerate it with `python tests/test_training.py --regenerate` and say why in the commit."""
     (got, log), want = golden_run(sample_shards, tmp_path), json.loads(GOLDEN.read_text())
     assert log.startswith(open(tg.__file__).read() + "\n" + tg.SOURCE_END)  # a record log carries its source
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert re.search(rf"^cpu \S.*, {cores} cores$", log.split(tg.SOURCE_END)[1], re.M)  # and its machine's CPU
     assert got["args"] == want["args"], "the golden run's settings changed: regenerate it"
     for kind in ("train", "val"):
         for step, loss in want[kind].items():
