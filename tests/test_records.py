@@ -334,7 +334,8 @@ def test_flexwork_counts_the_tiles_and_pairs_of_a_brute_force_mask():
 def test_gluebw_reads_a_real_profile_and_bounds_the_glue(tmp_path, monkeypatch, capsys):
     """records/bench/gluebw.py: a stage profile as the trainer wrote it (records/2026-12-06_full-main-h100) gives
     its categories and listed kernels; kernel modules with Inductor's harness are found by their kernel's name
-    (one name in two graphs: both, averaged), others skipped; and the bound is worked by hand: a kernel taking
+    (one name in two graphs: both, averaged; one source in two files: once), others skipped (a graph's module,
+    which holds its kernels' sources as strings, too); and the bound is worked by hand: a kernel taking
     2 ms per step and 0.5 ms alone runs 4 times, each moving (0.25 + 0.75) / 2 GB: 2 GB per step; one whose
     name the profile cut runs twice, 1 GB each: 2 more. A 4,000 GB/s copy moves the 4 GB in 1 ms; the two cover
     3 of the category's 5 ms, so the bound is 5/3 ms."""
@@ -358,6 +359,9 @@ def test_gluebw_reads_a_real_profile_and_bounds_the_glue(tmp_path, monkeypatch, 
     (tmp_path / "ab" / "wrapper.py").write_text("def call(args):\n    pass\n")  # a graph's module: no harness
     long = "triton_per_fused_" + "mul_" * 40 + "2"  # the profile cuts it at 150 characters
     kernel_module(tmp_path / "ef" / "clong.py", long, 1.0)
+    kernel_module(tmp_path / "ef" / "ccopy.py", long, 1.0)  # the same source written twice: timed once
+    graph = f"async_compile = AsyncCompile()\n{long} = async_compile.triton('{long}', '''\n"
+    (tmp_path / "ef" / "cgraph.py").write_text(graph + (tmp_path / "ef" / "clong.py").read_text() + "''')\n")
     assert {n: len(p) for n, p in gluebw.find_kernels(tmp_path).items()} == {"triton_poi_fused_add_0": 2, long: 1}
 
     profile = tmp_path / "p.txt"

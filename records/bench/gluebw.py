@@ -29,12 +29,16 @@ GLUE = "Triton fused (compiled)"  # the profile's category of Inductor's own ker
 
 
 def find_kernels(cache: Path) -> dict:
-    """{kernel name: [module paths]} of the generated kernel modules that carry the benchmark harness."""
-    found = {}
+    """{kernel name: [module paths]} of the generated kernel modules that carry the benchmark harness, one path
+    per distinct source. A graph's own module holds its kernels' sources as strings (async_compile.triton):
+    not a kernel module."""
+    found, seen = {}, set()
     for path in sorted(cache.rglob("*.py")):
         text = path.read_text(errors="replace")
         name = re.search(r"^def (triton_\w+)\(", text, re.M)
-        if name and "def get_args():" in text and re.search(r"num_gb = [\d.]", text):
+        if (name and text.count("def get_args():") == 1 and re.search(r"num_gb = [\d.]", text)
+                and "async_compile" not in text and text.strip() not in seen):
+            seen.add(text.strip())
             found.setdefault(name.group(1), []).append(path)
     return found
 
