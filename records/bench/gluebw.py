@@ -121,6 +121,7 @@ def main(argv=None):
             if full.startswith(name):  # the profile cuts names at 150 characters
                 try:
                     alone[name] = time_alone(paths)
+                    print(f"{alone[name][0]:.4f} ms {alone[name][1]:.4f} GB  {name}", file=sys.stderr, flush=True)
                 except Exception as e:  # a harness that cannot run on its random inputs: reported, skipped
                     failed.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
                 break
