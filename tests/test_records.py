@@ -331,6 +331,7 @@ def test_flexwork_counts_the_tiles_and_pairs_of_a_brute_force_mask():
     assert (short, long) == (1, 2) and 0 < inside < computed and full  # partial and full tiles
     assert work == {"computed": computed, "inside": inside}
 
+
 def test_gluebw_reads_a_real_profile_and_bounds_the_glue(tmp_path, monkeypatch, capsys):
     """records/bench/gluebw.py: a stage profile as the trainer wrote it (records/2026-12-06_full-main-h100) gives
     its categories and listed kernels; kernel modules with Inductor's harness are found by their kernel's name

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import train_gpt as tg  # noqa: E402
 
 GLUE = "Triton fused (compiled)"  # the profile's category of Inductor's own kernels
+NUM_GB = re.compile(r"num_gb = ([\d.][\d.eE+-]*)")  # the harness's bytes moved per call, as Inductor counts them
 
 
 def find_kernels(cache: Path) -> dict:
@@ -36,7 +37,7 @@ def find_kernels(cache: Path) -> dict:
     for path in sorted(cache.rglob("*.py")):
         text = path.read_text(errors="replace")
         name = re.search(r"^def (triton_\w+)\(", text, re.M)
-        if (name and text.count("def get_args():") == 1 and re.search(r"num_gb = [\d.]", text)
+        if (name and text.count("def get_args():") == 1 and NUM_GB.search(text)
                 and "async_compile" not in text and text.strip() not in seen):
             seen.add(text.strip())
             found.setdefault(name.group(1), []).append(path)
@@ -44,7 +45,7 @@ def find_kernels(cache: Path) -> dict:
 
 
 def module_gb(path: Path) -> float:
-    return float(re.search(r"num_gb = ([\d.eE+-]+)", path.read_text()).group(1))
+    return float(NUM_GB.search(path.read_text()).group(1))
 
 
 def read_profile(path: Path) -> tuple[dict, dict]:
@@ -115,19 +116,20 @@ def main(argv=None):
     categories, kernels = read_profile(Path(args.profile))
     modules = find_kernels(Path(args.cache))
     glue = {n: ms for n, ms in kernels.items() if tg.kernel_category(n) == GLUE}
+    # the profile cuts names at 150 characters: each listed name to the modules of the first kernel it begins
+    matched = {name: next((paths for full, paths in modules.items() if full.startswith(name)), None) for name in glue}
     alone, failed = {}, []
-    for name in glue:
-        for full, paths in modules.items():
-            if full.startswith(name):  # the profile cuts names at 150 characters
-                try:
-                    alone[name] = time_alone(paths)
-                    print(f"{alone[name][0]:.4f} ms {alone[name][1]:.4f} GB  {name}", file=sys.stderr, flush=True)
-                except Exception as e:  # a harness that cannot run on its random inputs: reported, skipped
-                    failed.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
-                break
+    for name, paths in matched.items():
+        if paths is None:
+            continue
+        try:
+            alone[name] = time_alone(paths)
+            print(f"{alone[name][0]:.4f} ms {alone[name][1]:.4f} GB  {name}", file=sys.stderr, flush=True)
+        except Exception as e:  # a harness that cannot run on its random inputs: reported, skipped
+            failed.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
     rate = copy_gbps()
     b = glue_bound(alone, glue, categories.get(GLUE, 0.0), rate)
-    shared = {n for n in glue if any(full.startswith(n) and len(p) > 1 for full, p in modules.items())}
+    shared = {name for name, paths in matched.items() if paths is not None and len(paths) > 1}
     print(f"device copy: {rate:.0f} GB/s (read + write); {len(modules)} kernel modules with a harness in "
           f"{args.cache}")
     print(f"glue ({GLUE}): {b['glue_ms']:.2f} ms per step; the profile lists {b['listed_ms']:.2f} ms of it, "
