@@ -2510,6 +2510,7 @@ def kernel_category(kernel: str) -> str:
 
 
 PROFILE_KERNELS = 100  # listed by name: the compiled glue is many small kernels
+COSTLIEST = "costliest kernels (ms per step, launches per step):"  # the list's heading, read back by gluebw
 # idle GPU between kernels, by the gap's length: under 10 us the launch latency of a GPU the host keeps fed;
 # longer, the host fell behind or waited (a sync, a pageable copy, the step's end)
 GAP_BOUNDS_US = (10, 100, 1000)
@@ -2558,11 +2559,11 @@ def profiled(trainer: Trainer, step: int):
         trainer.profiler.__exit__(None, None, None)
         steps = last - first + 1
         wall = (trainer.clock.ms - trainer.profiler.clock_ms) / steps
-        kernels = [(e.key, e.self_device_time_total / 1000 / steps) for e in trainer.profiler.key_averages()
-                   if e.self_device_time_total > 0]
-        busy = sum(ms for _, ms in kernels)
+        kernels = [(e.key, e.self_device_time_total / 1000 / steps, e.count / steps)
+                   for e in trainer.profiler.key_averages() if e.self_device_time_total > 0]
+        busy = sum(ms for _, ms, _ in kernels)
         by_category = {name: 0.0 for name, _ in KERNEL_CATEGORIES}
-        for key, ms in kernels:
+        for key, ms, _ in kernels:
             by_category[kernel_category(key)] += ms
         lines = [f"GPU time per train step, steps {first}..{last} (rank {trainer.comm.rank}): {busy:.1f} ms of "
                  f"kernels in "
@@ -2572,14 +2573,21 @@ def profiled(trainer: Trainer, step: int):
         spans = [(e.time_range.start, e.time_range.end, e.name) for e in trainer.profiler.events()
                  if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start]
         lines += ([""] + gap_lines(idle_gaps(spans), steps)) if spans else []
-        lines += ["", "costliest kernels (ms per step):"]
-        lines += [f"{ms:9.2f}  {key[:150]}" for key, ms in sorted(kernels, key=lambda k: -k[1])[:PROFILE_KERNELS]]
+        lines += [""] + costliest_kernels(kernels)
         if trainer.comm.rank == 0:
             path = Path(trainer.cfg.log_dir) / f"{trainer.run_id}_profile.txt"
             path.write_text("\n".join(lines) + "\n")
             trainer.log(log_line(profile=path))
         trainer.profiler = None
         trainer.clock.start()
+
+
+def costliest_kernels(kernels: list) -> list[str]:
+    """A profile's lines for the PROFILE_KERNELS costliest of kernels [(name, ms per step, launches per step)]:
+    a kernel's time over its launches is its time per launch, what records/bench/gluebw.py sets beside the same
+    kernel timed alone."""
+    costliest = sorted(kernels, key=lambda k: -k[1])[:PROFILE_KERNELS]
+    return [COSTLIEST] + [f"{ms:9.2f} {n:8.1f}  {key[:150]}" for key, ms, n in costliest]
 
 
 # ----------------------------------------------------------------------------------------------------------

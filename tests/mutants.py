@@ -266,8 +266,10 @@ MUTANTS = {
         ("(cfg.num_heads // 2 if paired else cfg.num_heads)", "cfg.num_heads")],
         ["tests/test_records.py::test_flexwork_counts_the_tiles_and_pairs_of_a_brute_force_mask"]),
     "the glue's bytes per step taken as one call's": ("records/bench/gluebw.py", [
-        ("gb = {n: ms / alone[n][0] * alone[n][1] for n, ms in timed.items()}",
-         "gb = {n: alone[n][1] for n, ms in timed.items()}")],
+        ("gb = {n: calls[n] * alone[n][1] for n in timed}", "gb = {n: alone[n][1] for n in timed}")],
+        ["tests/test_records.py::test_gluebw_reads_a_real_profile_and_bounds_the_glue"]),
+    "the glue's calls per step not taken from the profile's launches": ("records/bench/gluebw.py", [
+        ("calls = {n: launches.get(n) or ms / alone[n][0]", "calls = {n: ms / alone[n][0]")],
         ["tests/test_records.py::test_gluebw_reads_a_real_profile_and_bounds_the_glue"]),
     "the glue's bound not scaled to the whole category": ("records/bench/gluebw.py", [
         ('"bound_ms": at_copy * glue_ms / covered if covered else 0.0', '"bound_ms": at_copy if covered else 0.0')],

@@ -339,10 +339,14 @@ def test_gluebw_reads_a_real_profile_and_bounds_the_glue(tmp_path, monkeypatch, 
     which holds its kernels' sources as strings, too); and the bound is worked by hand: a kernel taking
     2 ms per step and 0.5 ms alone runs 4 times, each moving (0.25 + 0.75) / 2 GB: 2 GB per step; one whose
     name the profile cut runs twice, 1 GB each: 2 more. A 4,000 GB/s copy moves the 4 GB in 1 ms; the two cover
-    3 of the category's 5 ms, so the bound is 5/3 ms."""
+    3 of the category's 5 ms, so the bound is 5/3 ms. A profile that counts launches (train_gpt.profiled's
+    lines since they did) gives the calls instead: 8 launches of the first at 0.5 GB are 4 GB per step, the
+    cut name's two kernels 2 GB; 6 GB at 4,000 GB/s take 1.5 ms, so the bound is 2.5 ms; the first's launches
+    take 0.25 ms each in the run, half their time alone."""
     gluebw = load_script("gluebw", "records/bench/gluebw.py")
     real = REPO / "records/2026-12-06_full-main-h100/bench/main_stage3_profile.txt"
-    categories, kernels = gluebw.read_profile(real)
+    categories, kernels, launches = gluebw.read_profile(real)
+    assert launches == {}  # written before profiles counted them
     assert categories[gluebw.GLUE] == 110.13 and categories["FlexAttention"] == 119.99 and len(categories) == 10
     assert len(kernels) == 100 and kernels["_relu_square_mm_kernel"] == 75.46
     assert sum(ms for n, ms in kernels.items() if tg.kernel_category(n) == gluebw.GLUE) == pytest.approx(101.89)
@@ -376,7 +380,20 @@ def test_gluebw_reads_a_real_profile_and_bounds_the_glue(tmp_path, monkeypatch, 
     assert "the profile lists 4.00 ms of it, 3.00 ms timed here" in out
     assert "timed kernels: 4.0 GB per step at 1333 GB/s, 33% of the copy's rate; at the copy's rate 1.00 ms" in out
     assert "bound for the whole category (scaled by coverage): 1.67 ms per step, against 5.00 measured" in out
-    assert re.search(r"2\.00 +1000 +25%  triton_poi_fused_add_0 \*", out)
+    assert re.search(r"2\.00 +1000 +25% +4\.0 +triton_poi_fused_add_0 \*", out)
+
+    run = [("triton_poi_fused_add_0", 2.0, 8.0), (long, 0.6, 1.0), (long[:-1] + "3", 0.4, 1.0),
+           ("triton_red_fused_mean_7", 1.0, 3.0), ("nvjet_sm90_tst_192x192", 3.0, 12.0)]
+    profile.write_text("\n".join([f"{gluebw.GLUE:<26} {5.0:9.2f} ms", ""] + tg.costliest_kernels(run)) + "\n")
+    _, kernels, launches = gluebw.read_profile(profile)
+    assert kernels[long[:150]] == 1.0 and launches == {"triton_poi_fused_add_0": 8.0, long[:150]: 2.0,
+                                                       "triton_red_fused_mean_7": 3.0, "nvjet_sm90_tst_192x192": 12.0}
+    gluebw.main([str(tmp_path), str(profile)])
+    out = capsys.readouterr().out
+    assert "timed kernels: 6.0 GB per step at 2000 GB/s, 50% of the copy's rate; at the copy's rate 1.50 ms" in out
+    assert "bound for the whole category (scaled by coverage): 2.50 ms per step, against 5.00 measured" in out
+    assert re.search(r"2\.00 +2000 +50% +8\.0 +0\.50  triton_poi_fused_add_0 \*", out)
+    assert re.search(r"1\.00 +2000 +50% +2\.0 +1\.00  triton_per_fused_mul", out)
 
 def test_stack_sampler_times_every_thread():
     """The stage bench's sampler gives a function the wall time it spent on any thread's stack: the autograd

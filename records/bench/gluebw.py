@@ -1,8 +1,10 @@
 """How close the compiled glue runs to the GPU's memory bandwidth: the measured bound of a profile's "Triton
 fused (compiled)" category. Each kernel Inductor generated for the training step is timed alone, on inputs of
-its shapes, with the bytes Inductor counts it moving; a stage profile's time per step for that kernel then
-gives its calls, and so its bytes, per step. Prints each kernel's rate against a device copy's, and the glue's
-time per step at the copy's rate: the category's bound.
+its shapes, with the bytes Inductor counts it moving; a stage profile's launches per step of that kernel
+then give its bytes per step (a profile written before the trainer counted launches: its time per step over
+its time alone gives the calls). Prints each kernel's rate against a device copy's, its time per launch in
+the run over its time alone (near 1 where the harness ran the run's shapes), and the glue's time per step at
+the copy's rate: the category's bound.
 
 One GPU, two steps (the first compiles into a fresh cache with a harness in each kernel's module, get_args()
 and call(), and profiles as the stage bench always does):
@@ -48,15 +50,18 @@ def module_gb(path: Path) -> float:
     return float(NUM_GB.search(path.read_text()).group(1))
 
 
-def read_profile(path: Path) -> tuple[dict, dict]:
-    """A profile file's ({category: ms per step}, {kernel name: ms per step}) (train_gpt.profiled's format)."""
+def read_profile(path: Path) -> tuple[dict, dict, dict]:
+    """A profile file's ({category: ms per step}, {kernel name: ms per step}, {kernel name: launches per step})
+    (train_gpt.profiled's format; profiles written before it counted launches give an empty third)."""
     text = path.read_text()
     categories = {name: float(ms) for name, ms in re.findall(r"^([A-Za-z][^:\n]*?)\s+([\d.]+) ms$", text, re.M)}
-    listed = text.split("costliest kernels (ms per step):")[1]
-    kernels = {}
-    for ms, name in re.findall(r"^\s*([\d.]+)  (\S.*)$", listed, re.M):
-        kernels[name] = kernels.get(name, 0.0) + float(ms)
-    return categories, kernels
+    listed = re.split(r"^costliest kernels \(ms per step.*\):$", text, flags=re.M)[1]
+    kernels, launches = {}, {}
+    for ms, n, name in re.findall(r"^\s*([\d.]+)(?: +([\d.]+))?  (\S.*)$", listed, re.M):
+        kernels[name] = kernels.get(name, 0.0) + float(ms)  # names the profile cut at 150 characters add up
+        if n:
+            launches[name] = launches.get(name, 0.0) + float(n)
+    return categories, kernels, launches
 
 
 def time_ms(fn) -> float:
@@ -93,19 +98,26 @@ def time_alone(paths: list) -> tuple[float, float]:
     return sum(ms) / len(ms), sum(gb) / len(gb)
 
 
-def glue_bound(alone: dict, per_step: dict, glue_ms: float, copy_rate: float) -> dict:
+def glue_bound(alone: dict, per_step: dict, glue_ms: float, copy_rate: float, launches: dict = None) -> dict:
     """alone: {name: (ms per call, GB per call)} of the profile's glue kernels found in the cache; per_step:
-    {name: ms per step} of the glue kernels the profile lists; glue_ms: the category's whole ms per step.
-    Calls per step are (ms per step) / (ms alone), so GB per step are calls x GB per call; the bound is those
-    bytes at the copy's rate, scaled up to the category from the part of it the timed kernels cover."""
+    {name: ms per step} of the glue kernels the profile lists; glue_ms: the category's whole ms per step;
+    launches: {name: launches per step} where the profile counts them. Calls per step are those launches, else
+    (ms per step) / (ms alone); GB per step are calls x GB per call; the bound is those bytes at the copy's
+    rate, scaled up to the category from the part of it the timed kernels cover. Each row also gives the
+    kernel's time per launch in the run over its time alone (None without launches): near 1 where the harness
+    ran the run's shapes."""
+    launches = launches or {}
     timed = {n: ms for n, ms in per_step.items() if n in alone}
-    gb = {n: ms / alone[n][0] * alone[n][1] for n, ms in timed.items()}
+    calls = {n: launches.get(n) or ms / alone[n][0] for n, ms in timed.items()}
+    gb = {n: calls[n] * alone[n][1] for n in timed}
     covered = sum(timed.values())
     at_copy = sum(gb.values()) / copy_rate * 1e3
+    run_over_alone = {n: timed[n] / launches[n] / alone[n][0] if launches.get(n) else None for n in timed}
     return {"covered_ms": covered, "listed_ms": sum(per_step.values()), "glue_ms": glue_ms,
             "gb_per_step": sum(gb.values()), "rate": sum(gb.values()) / (covered / 1e3) if covered else 0.0,
             "at_copy_ms": at_copy, "bound_ms": at_copy * glue_ms / covered if covered else 0.0,
-            "rows": sorted(((ms, n, gb[n] / (ms / 1e3)) for n, ms in timed.items()), reverse=True)}
+            "rows": sorted(((ms, n, gb[n] / (ms / 1e3), calls[n], run_over_alone[n]) for n, ms in timed.items()),
+                           reverse=True)}
 
 
 def main(argv=None):
@@ -113,7 +125,7 @@ def main(argv=None):
     parser.add_argument("cache", help="the TORCHINDUCTOR_CACHE_DIR the stage bench compiled into")
     parser.add_argument("profile", help="a stage profile of that bench (NAME_stage3_profile.txt)")
     args = parser.parse_args(argv)
-    categories, kernels = read_profile(Path(args.profile))
+    categories, kernels, launches = read_profile(Path(args.profile))
     modules = find_kernels(Path(args.cache))
     glue = {n: ms for n, ms in kernels.items() if tg.kernel_category(n) == GLUE}
     # the profile cuts names at 150 characters: each listed name to the modules of the first kernel it begins
@@ -128,7 +140,7 @@ def main(argv=None):
         except Exception as e:  # a harness that cannot run on its random inputs: reported, skipped
             failed.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
     rate = copy_gbps()
-    b = glue_bound(alone, glue, categories.get(GLUE, 0.0), rate)
+    b = glue_bound(alone, glue, categories.get(GLUE, 0.0), rate, launches)
     shared = {name for name, paths in matched.items() if paths is not None and len(paths) > 1}
     print(f"device copy: {rate:.0f} GB/s (read + write); {len(modules)} kernel modules with a harness in "
           f"{args.cache}")
@@ -138,9 +150,11 @@ def main(argv=None):
           f"{b['rate'] / rate:.0%} of the copy's rate; at the copy's rate {b['at_copy_ms']:.2f} ms")
     print(f"bound for the whole category (scaled by coverage): {b['bound_ms']:.2f} ms per step, against "
           f"{b['glue_ms']:.2f} measured")
-    print("\n  ms/step    GB/s  of copy  kernel")
-    for ms, name, gbps in b["rows"]:
-        print(f"{ms:9.2f} {gbps:7.0f} {gbps / rate:8.0%}  {name}{' *' if name in shared else ''}")
+    source = "the profile's launches" if launches else "ms per step / ms alone"
+    print(f"\n  ms/step    GB/s  of copy  calls/step  run/alone  kernel (calls/step: {source})")
+    for ms, name, gbps, n, ratio in b["rows"]:
+        ratio = "" if ratio is None else f"{ratio:.2f}"
+        print(f"{ms:9.2f} {gbps:7.0f} {gbps / rate:8.0%} {n:11.1f} {ratio:>10}  {name}{' *' if name in shared else ''}")
     for line in failed:
         print(f"not timed: {line}")
 
