@@ -1744,7 +1744,6 @@ class ShardedOptimizer:
 
     @torch.no_grad()
     def step(self, lr_factor: float, muon_momentum: float):
-        cfg = self.cfg
         self.steps += 1
         self.adam_steps += self.adam_now
         active = [b for b in self.buckets if self.active(b)]

@@ -9,8 +9,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from train_gpt import BOS_ID, ShardFormatError, load_shard  # noqa: E402
 
