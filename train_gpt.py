@@ -1872,6 +1872,23 @@ class ShardedOptimizer:
         return {"steps": self.steps, "adam_steps": self.adam_steps, "tied": self.tied, "state": state,
                 "pending_adam_grads": pending}
 
+    def local_state(self) -> dict:
+        """What state_dict holds, as this rank has it, copied to host memory for load_local_state on the same
+        rank: its shards of the states (the gathered whole would put world copies of it on one host) and its own
+        Adam grads pending. Not collective."""
+        pending = [s.to("cpu", copy=True) for s in self._adam_sums()] if self.steps % 2 else None
+        return {"steps": self.steps, "adam_steps": self.adam_steps, "tied": self.tied, "pending_adam_grads": pending,
+                "shards": [{name: shard.to("cpu", copy=True) for name, shard in b.state.items()} for b in self.buckets]}
+
+    @torch.no_grad()
+    def load_local_state(self, sd: dict):
+        self.steps, self.adam_steps, self.tied = sd["steps"], sd["adam_steps"], sd["tied"]
+        if sd["pending_adam_grads"] is not None:
+            self.set_pending_grads([s.to(self.buckets[0].device) for s in sd["pending_adam_grads"]])
+        for b, shards in zip(self.buckets, sd["shards"], strict=True):
+            for name, shard in b.state.items():
+                shard.copy_(shards[name])
+
     @torch.no_grad()
     def load_state_dict(self, sd: dict):
         self.steps, self.adam_steps, self.tied = sd["steps"], sd["adam_steps"], sd["tied"]
@@ -2463,8 +2480,8 @@ def model_on_host(model: nn.Module) -> dict:
 @dataclass
 class Snapshot:
     """What warm-up's steps change, to be put back before the timed run: what a checkpoint holds of the model and
-    the optimizer, in host memory. On the GPU the weights, optimizer states and pending grads sat above the
-    training's own peak (records/2026-12-06_peak-h100)."""
+    the optimizer (this rank's part of its state), in host memory. On the GPU the weights, optimizer states
+    and pending grads sat above the training's own peak (records/2026-12-06_peak-h100)."""
     model: dict
     optimizer: dict
     loader: dict
@@ -2476,7 +2493,7 @@ def warm_up(trainer: Trainer):
     cfg = trainer.cfg
     if not cfg.warmup_steps:
         return
-    saved = Snapshot(model_on_host(trainer.model), trainer.opt.state_dict(), trainer.train_loader.state(),
+    saved = Snapshot(model_on_host(trainer.model), trainer.opt.local_state(), trainer.train_loader.state(),
                      trainer.step)
     start = time.perf_counter()
     rehearsal = KernelRehearsal(trainer) if trainer.device.type == "cuda" and cfg.compile else None
@@ -2487,7 +2504,7 @@ def warm_up(trainer: Trainer):
         rehearsal.finish()
     trainer.model.load_state_dict(saved.model)
     trainer.opt.zero_grads()  # before the snapshot's pending grads go back
-    trainer.opt.load_state_dict(saved.optimizer)
+    trainer.opt.load_local_state(saved.optimizer)
     trainer.step = saved.step
     trainer.train_loader.load_state(saved.loader)
     trainer.log(log_line(warmup_steps=cfg.warmup_steps, warmup_time=f"{(time.perf_counter() - start) * 1000:.0f}ms"))

@@ -221,13 +221,21 @@ MUTANTS = {
         ("per_rank = len(params) if comm.world == 1 else 1", "per_rank = 1")],
         ["tests/test_training.py::test_reduce_scatter_starts_during_backward"]),
     "checkpoints drop Adam's pending grads": ("train_gpt.py", [
-        ("if self.steps % 2 else None", "if False else None")],
+        (".cpu() for s in self._adam_sums()] if self.steps % 2 else None", ".cpu() for s in self._adam_sums()] if False else None")],
         ["tests/test_trust.py::test_resume_appends_to_its_log_and_continues_bitwise"]),
+    "warm-up's snapshot drops Adam's pending grads": ("train_gpt.py", [
+        ('copy=True) for s in self._adam_sums()] if self.steps % 2 else None',
+         'copy=True) for s in self._adam_sums()] if False else None')],
+        ["tests/test_trust.py::test_resume_appends_to_its_log_and_continues_bitwise"]),
+    "warm-up's snapshot shares the optimizer states' storage": ("train_gpt.py", [
+        ('{name: shard.to("cpu", copy=True) for name, shard in b.state.items()}',
+         '{name: shard.to("cpu") for name, shard in b.state.items()}')],
+        ["tests/test_training.py::test_warmup_leaves_no_trace"]),
     "warm-up leaves its grads behind": ("train_gpt.py", [
         ("    trainer.opt.zero_grads()  # before the snapshot's pending grads go back\n", "")],
         ["tests/test_training.py::test_warmup_leaves_no_trace"]),
     "warm-up leaves the optimizer as its steps left it": ("train_gpt.py", [
-        ("    trainer.opt.load_state_dict(saved.optimizer)\n", "")],
+        ("    trainer.opt.load_local_state(saved.optimizer)\n", "")],
         ["tests/test_training.py::test_warmup_leaves_no_trace"]),
     "warm-up's snapshot shares the weights' storage": ("train_gpt.py", [
         ('    return {k: v.detach().to("cpu", copy=True) for k, v', '    return {k: v.detach() for k, v')],

@@ -131,7 +131,7 @@ def gloo_run(shards, log_dir, nproc: int, run_id: str) -> str:
     # one sequence per forward pass at every world size: forward passes of 2 sequences (the auto choice for one
     # process) compute the same function (test_sequences_side_by_side_equal_each_alone) but round differently
     args = [*tiny_args(shards, log_dir), "--batch_seqs", str(GLOO_BATCH), "--num_steps", "3", "--save_every", "3",
-            "--micro_batch", "1"]
+            "--micro_batch", "1", "--warmup_steps", "3"]  # each rank's warm-up puts back its own shards
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # every process single-threaded: same matmul summation order
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                           str(REPO / "train_gpt.py"), *args, "--run_id", run_id], env=env, timeout=600,
@@ -163,7 +163,7 @@ def test_gloo_processes_equal_one_with_accumulation(sample_shards, one_process, 
     the suite's budget left it out.)"""
     d, one = one_process
     many = gloo_run(sample_shards, d, world, f"many{world}")
-    assert f"world_size:{world}" in many
+    assert f"world_size:{world}" in many and "warmup_steps:3 " in many
     assert losses(one) == losses(many)
     ckpt_a = torch.load(d / "one_step000003.pt", weights_only=True)
     ckpt_b = torch.load(d / f"many{world}_step000003.pt", weights_only=True)
