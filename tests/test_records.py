@@ -339,10 +339,10 @@ def test_gluebw_reads_a_real_profile_and_bounds_the_glue(tmp_path, monkeypatch, 
     which holds its kernels' sources as strings, too); and the bound is worked by hand: a kernel taking
     2 ms per step and 0.5 ms alone runs 4 times, each moving (0.25 + 0.75) / 2 GB: 2 GB per step; one whose
     name the profile cut runs twice, 1 GB each: 2 more. A 4,000 GB/s copy moves the 4 GB in 1 ms; the two cover
-    3 of the category's 5 ms, so the bound is 5/3 ms. A profile that counts launches (train_gpt.profiled's
-    lines since they did) gives the calls instead: 8 launches of the first at 0.5 GB are 4 GB per step, the
-    cut name's two kernels 2 GB; 6 GB at 4,000 GB/s take 1.5 ms, so the bound is 2.5 ms; the first's launches
-    take 0.25 ms each in the run, half their time alone."""
+    3 of the category's 5 ms, so the bound is 5/3 ms. A profile that counts launches (as
+    train_gpt.costliest_kernels writes it) gives the calls instead: 8 launches of the first at 0.5 GB are 4 GB
+    per step, the cut name's two kernels 2 GB; 6 GB at 4,000 GB/s take 1.5 ms, so the bound is 2.5 ms; the
+    first's launches take 0.25 ms each in the run, half their time alone."""
     gluebw = load_script("gluebw", "records/bench/gluebw.py")
     real = REPO / "records/2026-12-06_full-main-h100/bench/main_stage3_profile.txt"
     categories, kernels, launches = gluebw.read_profile(real)
