@@ -332,6 +332,30 @@ def test_flexwork_counts_the_tiles_and_pairs_of_a_brute_force_mask():
     assert work == {"computed": computed, "inside": inside}
 
 
+def test_loaderbench_times_each_stage_on_a_shard_the_trainer_reads(tmp_path, capsys):
+    """records/bench/loaderbench.py: its made-up shard is one the trainer reads (a header it accepts, each
+    document opened by <|endoftext|>, lengths as drawn), and it times each stage of the default recipe at each
+    world size, saying how many of the step's sequences rank 0 keeps (every world-th one) and in passes of how
+    many (2 and 8 worlds of 8 / 16 / 24 sequences: 4 / 8 / 12 and 1 / 2 / 3 per rank)."""
+    loaderbench = load_script("loaderbench", "records/bench/loaderbench.py")
+    path = tmp_path / "like_train_000001.bin"
+    loaderbench.fineweb_like_shard(path, 200_000)
+    tokens = tg.load_shard(str(path))
+    starts = np.flatnonzero(tokens == tg.BOS_ID)
+    assert starts[0] == 0 and 150 < len(starts) < 400 and 190_000 < len(tokens) <= 200_000  # ~900 tokens each
+    assert np.median(np.diff(starts)) == pytest.approx(545, rel=0.25)  # the lognormal's median, e^6.3
+    loaderbench.main(["--train_files", str(tmp_path / "like_train_*.bin"), "--world", "2,8", "--reps", "2"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("world")]
+    cfg = tg.parse_args([])
+    want = [(w, k + 1, n, clip, n // w) for w in (2, 8)
+            for k, (n, clip) in enumerate(zip(cfg.batch_seqs, cfg.max_doc_len))]
+    got = [tuple(int(x) for x in re.match(r"world (\d+)  stage (\d+): +(\d+) sequences, documents clipped to +(\d+), "
+                                          r"rank 0 keeps +(\d+) in passes of (\d+): [\d.]+ ms", line).groups())
+           for line in lines]
+    assert [g[:5] for g in got] == want
+    assert [g[5] for g in got] == [4, 4, 4, 1, 1, 1]
+
+
 def test_gluebw_reads_a_real_profile_and_bounds_the_glue(tmp_path, monkeypatch, capsys):
     """records/bench/gluebw.py: a stage profile as the trainer wrote it (records/2026-12-06_full-main-h100) gives
     its categories and listed kernels; kernel modules with Inductor's harness are found by their kernel's name
