@@ -2165,6 +2165,7 @@ class Trainer:
     pending_checkpoint: dict = None  # captured, written once its weights' loss is known (save_checkpoint)
     init_max_abs: float = 1.0     # the largest weight at initialization: what a healthy checkpoint's are held to
     started: bool = False         # the timed run has begun (warm-up is over)
+    ahead: tuple = None           # (step, data position before it, its sequences): read during the step before
 
     def data(self) -> dict:
         """Fingerprints of the train shards and of the val shards that val_tokens reaches."""
@@ -2382,22 +2383,23 @@ def train_step(trainer: Trainer, step: int) -> float:
     trainer.set_schedule(step)
     trainer.opt.adam_now = is_adam_step(step)
     loss = torch.zeros((), device=trainer.device)
-    num_seqs, B = batch_seqs_at(step, cfg), trainer.micro_batch
-    seqs = trainer.train_loader.next_batch(num_seqs, max_doc_len_at(step, cfg))
-    for i in range(0, len(seqs), B):
-        seq = to_device(torch.stack(seqs[i:i + B]), trainer.device)
-        trainer.opt.reduce_in_backward = i + B >= len(seqs)  # the last micro-step's grads are final: reduce them now
+    passes = batch_for(trainer, step)
+    for i, host in enumerate(passes):
+        seq = host.to(trainer.device, non_blocking=True)
+        trainer.opt.reduce_in_backward = i == len(passes) - 1  # the last micro-step's grads are final: reduce them now
         mtp_loss, next_token_loss = trainer.model(seq[:, :-1], seq[:, 1:], trainer.windows, trainer.mtp)
         mtp_loss.backward()
         loss += next_token_loss.detach()
     trainer.opt.step(lr_factor(step, cfg), muon_momentum(step, cfg))
     if step == split_step(cfg) and trainer.opt.tied:
         trainer.opt.untie()
+    if step + 1 < cfg.num_steps:
+        read_ahead(trainer, step + 1)
     stats = torch.stack([loss, trainer.opt.all_finite().float()])
     if trainer.comm.world > 1:
         dist.all_reduce(stats)
     loss_sum, finite = stats.tolist()  # the step's one host sync
-    train_loss, trainer.step = loss_sum / (num_seqs * cfg.seq_len), step + 1
+    train_loss, trainer.step = loss_sum / (batch_seqs_at(step, cfg) * cfg.seq_len), step + 1
     if trainer.pending_checkpoint is not None:  # this loss is that of the checkpoint's weights: now it is judged
         trainer.clock.stop()
         write_checkpoint(trainer, healthy(trainer, trainer.pending_checkpoint, train_loss))
@@ -2417,10 +2419,37 @@ def train_step(trainer: Trainer, step: int) -> float:
     return train_loss
 
 
-def to_device(t: Tensor, device: torch.device) -> Tensor:
-    """t (on the host) copied to device without the host waiting for the GPU: a copy from pageable memory may
-    wait for the stream to reach it (CUDA's API synchronization rules), one from pinned memory is only queued."""
-    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+def host_passes(trainer: Trainer, step: int) -> list:
+    """step's batch (this rank's share) read from the loader, as its forward passes' inputs on the host: each
+    pass's sequences stacked and, on CUDA, pinned, so that the copy to the GPU is only queued (from pageable
+    memory it may wait for the stream to reach it: CUDA's API synchronization rules)."""
+    cfg, B = trainer.cfg, trainer.micro_batch
+    seqs = trainer.train_loader.next_batch(batch_seqs_at(step, cfg), max_doc_len_at(step, cfg))
+    passes = [torch.stack(seqs[i:i + B]) for i in range(0, len(seqs), B)]
+    return [p.pin_memory() for p in passes] if trainer.device.type == "cuda" else passes
+
+
+def read_ahead(trainer: Trainer, step: int):
+    """Make step's passes now, before the step before it syncs: the host's data work (documents walked, clipped
+    and cut, records/bench/loaderbench.py; stacked, pinned) then runs while the GPU still has that step's work,
+    not after the sync with the GPU idle (a gap growing with the batch in records/2026-12-06_launches-h100)."""
+    trainer.ahead = (step, trainer.train_loader.state(), host_passes(trainer, step))
+
+
+def batch_for(trainer: Trainer, step: int) -> list:
+    """This step's passes on the host: the ones read ahead for it, or read now. A batch read ahead for another
+    step (a bench that jumps to a later stage) is put back first."""
+    ahead, trainer.ahead = trainer.ahead, None
+    if ahead is not None and ahead[0] == step:
+        return ahead[2]
+    if ahead is not None:
+        trainer.train_loader.load_state(ahead[1])
+    return host_passes(trainer, step)
+
+
+def data_position(trainer: Trainer) -> dict:
+    """Where the next step's data starts: before any batch read ahead, which no step has trained on yet."""
+    return trainer.ahead[1] if trainer.ahead is not None else trainer.train_loader.state()
 
 
 def tokens_before(step: int, cfg: Hyperparameters) -> int:
@@ -2493,8 +2522,7 @@ def warm_up(trainer: Trainer):
     cfg = trainer.cfg
     if not cfg.warmup_steps:
         return
-    saved = Snapshot(model_on_host(trainer.model), trainer.opt.local_state(), trainer.train_loader.state(),
-                     trainer.step)
+    saved = Snapshot(model_on_host(trainer.model), trainer.opt.local_state(), data_position(trainer), trainer.step)
     start = time.perf_counter()
     rehearsal = KernelRehearsal(trainer) if trainer.device.type == "cuda" and cfg.compile else None
     for i in range(cfg.warmup_steps):
@@ -2505,7 +2533,7 @@ def warm_up(trainer: Trainer):
     trainer.model.load_state_dict(saved.model)
     trainer.opt.zero_grads()  # before the snapshot's pending grads go back
     trainer.opt.load_local_state(saved.optimizer)
-    trainer.step = saved.step
+    trainer.step, trainer.ahead = saved.step, None
     trainer.train_loader.load_state(saved.loader)
     trainer.log(log_line(warmup_steps=cfg.warmup_steps, warmup_time=f"{(time.perf_counter() - start) * 1000:.0f}ms"))
 
@@ -3021,7 +3049,7 @@ def save_checkpoint(trainer: Trainer, loss: float = None):
         trainer.pending_checkpoint = {  # copies: the next step updates the weights in place
             "model": model_on_host(trainer.model),
             "optimizer": trainer.opt.state_dict(),
-            "loader": trainer.train_loader.state(), "step": trainer.step, "train_ms": trainer.clock.ms,
+            "loader": data_position(trainer), "step": trainer.step, "train_ms": trainer.clock.ms,
             "config": dataclasses.asdict(trainer.cfg), "source_sha256": source_sha256(), "run_id": trainer.run_id,
             "data": trainer.data(), "vals": list(trainer.vals), "target_ms": trainer.target_ms}
     if loss is not None:

@@ -295,6 +295,19 @@ MUTANTS = {
     "a failed kernel rehearsal leaves no note": ("train_gpt.py", [
         ("        if self.error is not None:\n            self.trainer.log(", "        if False:\n            self.trainer.log(")],
         ["tests/test_training.py::test_a_failed_kernel_rehearsal_is_one_log_note"]),
+    "a batch read ahead for another step is not put back": ("train_gpt.py", [
+        ("        trainer.train_loader.load_state(ahead[1])\n", "        pass\n")],
+        ["tests/test_training.py::test_each_step_trains_the_next_batch_though_read_ahead"]),
+    "checkpoints record the data position after the batch read ahead": ("train_gpt.py", [
+        ("    return trainer.ahead[1] if trainer.ahead is not None else trainer.train_loader.state()",
+         "    return trainer.train_loader.state()")],
+        ["tests/test_training.py::test_each_step_trains_the_next_batch_though_read_ahead", "tests/test_trust.py"]),
+    "warm-up leaves its last batch read ahead": ("train_gpt.py", [
+        ("    trainer.step, trainer.ahead = saved.step, None", "    trainer.step = saved.step")],
+        ["tests/test_trust.py::test_resume_appends_to_its_log_and_continues_bitwise"]),
+    "the loader bench's rank 0 keeps every sequence": ("records/bench/loaderbench.py", [
+        ("mine = len(range(0, num_seqs, world))", "mine = num_seqs")],
+        ["tests/test_records.py::test_loaderbench_times_each_stage_on_a_shard_the_trainer_reads"]),
     "the stage bench leaves Triton's compile patched": ("records/bench/stagebench.py", [
         ("            self.jit._do_compile = self.original\n", "            pass\n")],
         ["tests/test_records.py::test_kernel_compiles_times_each_threads_first_launches"]),

@@ -63,6 +63,40 @@ def test_warmup_leaves_no_trace(sample_shards, tmp_path):
     assert "kernel_rehearsal" not in warm_log.split(tg.SOURCE_END)[-1]  # it is for compiled runs on GPUs
 
 
+def test_each_step_trains_the_next_batch_though_read_ahead(sample_shards, tmp_path, monkeypatch):
+    """train_step reads the next step's batch, as its passes' inputs, before its own sync (read_ahead): the steps
+    still train the stream's batches in order, as a fresh loader reads them one per step, in passes of
+    --micro_batch; a step that is not the one read for
+    (a bench jumping to a later stage) gets the batch after the last one trained, the read-ahead put back; the
+    data position a checkpoint records is the next untrained batch's; and nothing is read past the last step.
+    Documents are clipped longer from step 3 and batches grow at step 4 (TINY's 2 then 4 sequences): the
+    read-ahead takes its own step's clip and size."""
+    seen = []
+    real_forward = tg.GPT.forward
+
+    def forward(model, idx, targets, windows, mtp=None):
+        seen.append(idx.clone())
+        return real_forward(model, idx, targets, windows, mtp)
+
+    monkeypatch.setattr(tg.GPT, "forward", forward)
+    trainer = tg.build(tg.parse_args(tiny_args(sample_shards, tmp_path, "--run_id", "r", "--num_steps", "10",
+                                               "--max_doc_len", "40,90,90")))  # clips that cut 129-token sequences
+    cfg = trainer.cfg
+    grows = next(s for s in range(cfg.num_steps) if tg.batch_seqs_at(s, cfg) > tg.batch_seqs_at(0, cfg))
+    steps = [*range(grows + 1), 9]  # read ahead across the clip's and the batch's changes (3, 4); a jump; the last
+    reference = tg.TrainLoader(cfg.train_files, cfg.seq_len, min(cfg.max_doc_len), 0, 1)
+    want = []
+    for i, step in enumerate(steps):
+        tg.train_step(trainer, step)
+        batch = torch.stack(reference.next_batch(tg.batch_seqs_at(step, cfg), tg.max_doc_len_at(step, cfg)))
+        want += list(batch[:, :-1].split(trainer.micro_batch))
+        if step < cfg.num_steps - 1:
+            assert trainer.ahead[0] == step + 1 and tg.data_position(trainer) == reference.state()
+    assert trainer.ahead is None and tg.data_position(trainer) == reference.state()
+    assert len(seen) == len(want) and all(torch.equal(a, b) for a, b in zip(seen, want))
+    tg.release_lock(trainer.lock)
+
+
 def test_a_failed_kernel_rehearsal_is_one_log_note(sample_shards, tmp_path, monkeypatch):
     """The rehearsal of the GPU kernels stops nothing when it fails: the training's own launch meets the same
     failure in its step, with its traceback. The log gets a note."""
