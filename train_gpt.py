@@ -2165,7 +2165,7 @@ class Trainer:
     pending_checkpoint: dict = None  # captured, written once its weights' loss is known (save_checkpoint)
     init_max_abs: float = 1.0     # the largest weight at initialization: what a healthy checkpoint's are held to
     started: bool = False         # the timed run has begun (warm-up is over)
-    ahead: tuple = None           # (step, data position before it, its sequences): read during the step before
+    ahead: tuple = None           # (step, data position before it, its passes on the host): read during the step before
 
     def data(self) -> dict:
         """Fingerprints of the train shards and of the val shards that val_tokens reaches."""
