@@ -1,9 +1,9 @@
-"""Host time of a training step's data: TrainLoader.next_batch (documents walked, clipped to the stage's
-max_doc_len and cut into micro-batches of seq_len + 1 tokens) and the stack of each pass's sequences, as
-train_step runs them on the host, for each batch stage of the default recipe and each world size asked for.
-train_step does this work right after the previous step's one host sync, so the GPU waits for it: in the stage
-profiles it is a gap before the step's first pinned copy that grows with the stage (records/2026-12-06_
-launches-h100, section 4). Pinning and the copy itself are not timed here (no GPU needed).
+"""Host time of a training step's data: train_gpt.host_passes (TrainLoader.next_batch's documents walked,
+clipped to the stage's max_doc_len and cut into micro-batches of seq_len + 1 tokens, then each pass's sequences
+stacked), the trainer's own code, for each batch stage of the default recipe and each world size asked for.
+train_step did this work right after the previous step's one host sync, so the GPU waited for it: in the stage
+profiles, a gap before the step's first pinned copy that grows with the stage (records/2026-12-06_launches-h100,
+section 4). It now runs before that sync (read_ahead). Pinning and the copy are not timed here (no GPU needed).
 
     python records/bench/loaderbench.py                          # a FineWeb-like shard, written to a temp folder
     python records/bench/loaderbench.py --train_files 'data/fineweb10B/fineweb_train_*.bin' --world 1,8
@@ -16,12 +16,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import train_gpt as tg  # noqa: E402
+from data.tokenize_text import write_shard  # noqa: E402
 
 
 def fineweb_like_shard(path: Path, num_tokens: int, seed: int = 0):
@@ -31,21 +33,16 @@ def fineweb_like_shard(path: Path, num_tokens: int, seed: int = 0):
     lengths = lengths[np.cumsum(lengths) <= num_tokens]
     tokens = rng.integers(0, tg.BOS_ID, int(lengths.sum()), dtype=np.uint16)
     tokens[np.cumsum(lengths) - lengths] = tg.BOS_ID
-    header = np.zeros(tg.HEADER_BYTES // 4, dtype="<i4")
-    header[:3] = tg.SHARD_MAGIC, tg.SHARD_VERSION, len(tokens)
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(tokens.astype("<u2").tobytes())
+    write_shard(path, tokens)
 
 
-def time_stage(loader: tg.TrainLoader, num_seqs: int, max_doc_len: int, per_pass: int, reps: int) -> float:
-    """Median ms of one step's next_batch plus its passes' stacks, over reps steps taken in order."""
+def time_stage(trainer, step: int, reps: int) -> float:
+    """Median ms of host_passes for step's stage, over reps batches read in order (trainer: what host_passes
+    reads of a Trainer, on the CPU: nothing is pinned)."""
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        seqs = loader.next_batch(num_seqs, max_doc_len)
-        for i in range(0, len(seqs), per_pass):
-            torch.stack(seqs[i:i + per_pass])
+        tg.host_passes(trainer, step)
         times.append((time.perf_counter() - t0) * 1000)
     return float(np.median(times))
 
@@ -65,11 +62,13 @@ def main(argv=None):
             pattern = str(Path(tmp) / "like_train_*.bin")
         print(f"shards {pattern}; seq_len {cfg.seq_len}; median of {args.reps} steps; ms per step on the host")
         for world in [int(w) for w in args.world.split(",")]:
-            loader = tg.TrainLoader(pattern, cfg.seq_len, cfg.max_doc_len[0], 0, world)
             per_pass = tg.micro_batch(cfg, world)
-            for stage, (num_seqs, max_doc_len) in enumerate(zip(cfg.batch_seqs, cfg.max_doc_len), 1):
+            trainer = SimpleNamespace(cfg=cfg, micro_batch=per_pass, device=torch.device("cpu"),
+                                      train_loader=tg.TrainLoader(pattern, cfg.seq_len, min(cfg.max_doc_len), 0, world))
+            for stage, step in enumerate(tg.stage_starts(len(cfg.batch_seqs), cfg), 1):
+                num_seqs, max_doc_len = tg.batch_seqs_at(step, cfg), tg.max_doc_len_at(step, cfg)
                 mine = len(range(0, num_seqs, world))  # rank 0's sequences
-                ms = time_stage(loader, num_seqs, max_doc_len, per_pass, args.reps)
+                ms = time_stage(trainer, step, args.reps)
                 print(f"world {world}  stage {stage}: {num_seqs:2d} sequences, documents clipped to {max_doc_len:4d}, "
                       f"rank 0 keeps {mine:2d} in passes of {per_pass}: {ms:.3f} ms")
 
