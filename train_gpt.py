@@ -2034,7 +2034,7 @@ class TrainLoader:
             if not np.any(load_shard(f) == BOS_ID):
                 raise ShardFormatError(f"{f} holds no document start (<|endoftext|>, {BOS_ID}): every document must "
                                        f"begin with one. {DATA_HINT}")
-        self.seq_len, self.rank, self.world = seq_len, rank, world
+        self.seq_len, self.rank, self.world, self.shard = seq_len, rank, world, None
         self.load_state({"shard": 0, "doc": 0})
         self._next_seq(max_doc_len)  # shards that cannot fill one micro-batch fail here, before the log is created
         self.load_state({"shard": 0, "doc": 0})
@@ -2043,9 +2043,11 @@ class TrainLoader:
         if not 0 <= state["shard"] < len(self.files):
             raise UserError(f"the checkpoint's data position is shard {state['shard']}, but --train_files matches "
                             f"{len(self.files)} shards: resume with the shards the run trained on")
+        # a position in the shard already in memory (a batch put back, warm-up's restore) is not read again
+        if state["shard"] != self.shard:
+            self.tokens = load_shard(self.files[state["shard"]])
+            self.starts = np.flatnonzero(self.tokens == BOS_ID)
         self.shard, self.doc = state["shard"], state["doc"]
-        self.tokens = load_shard(self.files[self.shard])
-        self.starts = np.flatnonzero(self.tokens == BOS_ID)
 
     def state(self) -> dict:
         return {"shard": self.shard, "doc": self.doc}

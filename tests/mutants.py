@@ -295,6 +295,9 @@ MUTANTS = {
     "a failed kernel rehearsal leaves no note": ("train_gpt.py", [
         ("        if self.error is not None:\n            self.trainer.log(", "        if False:\n            self.trainer.log(")],
         ["tests/test_training.py::test_a_failed_kernel_rehearsal_is_one_log_note"]),
+    "the loader reads only the first shard it is put in": ("train_gpt.py", [
+        ('        if state["shard"] != self.shard:\n', "        if self.shard is None:\n")],
+        ["tests/test_training.py::test_loader_positions_in_the_shard_in_memory_do_not_read_it_again"]),
     "a batch read ahead for another step is not put back": ("train_gpt.py", [
         ("        trainer.train_loader.load_state(ahead[1])\n", "        pass\n")],
         ["tests/test_training.py::test_each_step_trains_the_next_batch_though_read_ahead"]),

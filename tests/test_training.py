@@ -1087,6 +1087,27 @@ def test_loader_packs_clipped_documents_and_splits_by_rank(tmp_path):
     assert rest == reference_chunks(tokens[np.flatnonzero(tokens == tg.BOS_ID)[docs_used]:], 300, 200, 2)
 
 
+def test_loader_positions_in_the_shard_in_memory_do_not_read_it_again(tmp_path, monkeypatch):
+    """A position put back in the shard already loaded (batch_for's put-back, warm-up's restore) reads no file
+    and gives the same sequences again; a position in another shard reads that shard."""
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, 1000, 20000)
+    tokens[::150] = tg.BOS_ID
+    write_shard(tmp_path / "s_000.bin", tokens)
+    write_shard(tmp_path / "s_001.bin", tokens[::-1])
+    loader = tg.TrainLoader(str(tmp_path / "s_*.bin"), 300, 200, 0, 1)
+    reads = []
+    monkeypatch.setattr(tg, "load_shard", lambda path: reads.append(path) or np.fromfile(
+        path, dtype="<u2", offset=tg.HEADER_BYTES))
+    start = loader.state()
+    first = [s.tolist() for s in loader.next_batch(3, 200)]
+    loader.load_state(start)
+    assert reads == [] and [s.tolist() for s in loader.next_batch(3, 200)] == first
+    loader.load_state({"shard": 1, "doc": 0})
+    assert reads == [str(tmp_path / "s_001.bin")]
+    assert loader.next_batch(1, 200)[0].tolist() == reference_chunks(tokens[::-1], 300, 200, 1)[0]
+
+
 if __name__ == "__main__" and sys.argv[1:] == ["--regenerate"]:
     import tempfile
     from pathlib import Path
