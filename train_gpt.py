@@ -7,8 +7,9 @@ train_gpt.py: train a GPT-2-small-class model on FineWeb .bin shards to val loss
     python train_gpt.py --preset smoke                         # a tiny model on CPU, on the shipped books
     python train_gpt.py --generate CKPT --prompt "Once"        # sample from a checkpoint (--generate --help)
 
-The recipe is the NanoGPT speedrun's record of 2026-05-07 (XSAGatedLayers, on 2026-04-22's MUDD: 1385 steps,
-batches growing from 131,072 to 393,216 tokens); the map below names where each of its tricks lives.
+The recipe is the NanoGPT speedrun's records up to 2026-05-20 (BigramsSignTrick and 2026-05-19's FP8MLPUpProj, on
+2026-05-07's XSA and 2026-04-22's MUDD: 1390 steps, batches growing from 131,072 to 393,216 tokens); the map below
+names where each of its tricks lives.
 Each run writes logs/<run_id>.txt, which starts with this file's source and the environment, so a log is enough
 to re-run and diff it; a resumed run appends to it. Sections, in order: config and schedules, model, optimizer,
 data, training, checkpoints, sampling, main, and last the hand-written GPU kernels ("GPU fast paths"), each with
@@ -43,6 +44,9 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #            paired-head attention on layers 0, 2, 5, 9 ...................... Attention, paired_positions
 #                                                                               (2026-01-07_PairedHeadAttention)
 #            bigram hash embedding added to every layer ...................... bigram_hash (2026-01-19)
+#              a quarter as wide (192), 3x the rows (15 x 50,304), each row     bigram_width, bigram_sign_rows,
+#              times a fixed random +-1 row picked by (previous token xor     GPT.core, add_to_first_dims
+#              token) mod 8192; it joins the stream's first dims, x0's too .. (2026-05-20_BigramsSignTrick)
 #            one value-embedding table per layer that has one ................ Hyperparameters.value_embeds
 #                                                                               (2026-01-26-UntieValueEmbeddings)
 #            q, k, v and o all start uniform at std 0.5/sqrt(768), o not zero . ATTN_INIT_STD
@@ -66,6 +70,9 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #            attention output gates, ReLU^2, QK-norm, RoPE on half the dims .. Attention, MLP, norm_rotary_qk
 #              ReLU^2 in its matmul's epilogue on H100/H200 ................... relu_square_mlp
 #                                                                               (2026-01-10_FusedLinearReLUSquare)
+#              its first matmul's forward in FP8 while training: e4m3 input   fp8_input, fp8_weight, WeightCopies,
+#              and weights, each scaled by its largest value (the weights'   relu_square_mm
+#              after every optimizer step); backward in bf16 ................ (2026-05-19_FP8MLPUpProj; 1380 + 10)
 #   optim    NorMuon: Polar Express orthogonalization, per-neuron 2nd moment . polar_express, normuon_update
 #                                                                               (2025-09-29_PolarExpress, 2025-10-24)
 #              its decay 0.9 (2026-03-22_VarlenMaxDocs; 0.95 before) ......... Hyperparameters.muon_beta2
@@ -111,7 +118,10 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #     copies, made once a step, whose grads sum into fp32 (WeightCopies); losses are summed, not averaged
 #     (both optimizers ignore the loss's scale); the head runs in bf16 for validation, as the record's does.
 #   - Position 0 of every sequence hashes to the bigram table's last row. The record's in-place `x[0] = mod`
-#     also moves its position 1 (one token in 16K); ours keeps the rule as the record describes it.
+#     also moves its position 1 (one token in 16K); ours keeps the rule as the record describes it. Position 0
+#     of every sequence takes the sign table's row 0, as the record's first token of each GPU's sequence does.
+#   - The bigram sign table is drawn after every other weight (the record draws it beside the bigram table):
+#     another random table of the same rule, and the other weights start as they did before it.
 
 # ----------------------------------------------------------------------------------------------------------
 # Imports
@@ -141,6 +151,7 @@ import weakref
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Optional
 
 
 def _hold_sigint() -> tuple:
@@ -208,8 +219,9 @@ class Hyperparameters:
                             "training (only rounding moves), fewer passes for more memory. 0 = auto: "
                             f"the first of {AUTO_MICRO_BATCHES} that divides them, else 1")
     # schedule
-    num_steps: int = H(1385, "optimizer steps: 1375 scheduled + 10 extension (record 2026-05-07_XSAGatedLayers: "
-                             "30 fewer than its base; the speedrun's master with it and MUDD ran 1385)")
+    num_steps: int = H(1390, "optimizer steps: 1380 scheduled + 10 extension (record 2026-05-19_FP8MLPUpProj: 5 "
+                             "more than its base; the speedrun's master with it, the bigram sign trick, XSA and "
+                             "MUDD ran 1390)")
     extension_steps: int = H(10, "the last steps, trained at the final lr, window and batch (record 2026-04-22; "
                                  "40 before)")
     cooldown_frac: float = H(0.60, "last fraction of the scheduled steps over which lr falls linearly to 0.15x")
@@ -250,8 +262,16 @@ class Hyperparameters:
                          "(record 2026-04-22_MuddFormer)")
     xsa: bool = H(True, "gated XSA: attention layers without paired heads take out a learned share of each head's "
                         "output along its own value (record 2026-05-07_XSAGatedLayers)")
-    bigram_vocab: int = H(5 * 50304, "rows of the bigram hash embedding; 0 = none (record: 5 x 50,304)")
+    bigram_vocab: int = H(15 * 50304, "rows of the bigram hash embedding; 0 = none (record 2026-05-20_BigramsSignTrick: "
+                                      "15 x 50,304; 5 x before)")
+    bigram_dim: int = H(0, "width of the bigram embedding, added to the stream's first this many dims; 0 = "
+                           "model_dim / 4 (record 2026-05-20_BigramsSignTrick: 192 of 768)")
+    bigram_signs: int = H(8192, "rows of a fixed random +-1 table that multiplies each position's bigram embedding, "
+                                "picked by (previous token xor token) mod rows, so that bigrams sharing a hash row "
+                                "can pull it different ways; 0 = none (record 2026-05-20_BigramsSignTrick)")
     fp8_head: bool = H(True, "lm_head matmuls in FP8 while training (e4m3 forward, e5m2 grads); bf16 in eval")
+    fp8_mlp: bool = H(True, "the MLP's first matmul in FP8 while training: its input and weights in e4m3, each scaled "
+                            "by its largest value, the grads in bf16; bf16 in eval (record 2026-05-19_FP8MLPUpProj)")
     mlp_kernel: bool = H(True, "on H100/H200 the MLP's first matmul squares its ReLU in its epilogue, one Triton "
                                 "kernel each way (the same function); 0: cuBLAS and a compiled ReLU^2")
     flex_tiles: str = H("auto", "FlexAttention's Triton tiles: default, small (fits GPUs with 99 KiB shared memory "
@@ -323,15 +343,16 @@ class KernelSettings:
     ce_tanh_approx: bool = True          # the cap's tanh as one tanh.approx op (records/2026-12-03_speed2-h200)
     transpose_tile: tuple = (64, 128)    # fp8 transpose tile (records/2026-12-03_speed-h200)
     mlp_tiles: tuple = None              # the MLP's fused ReLU^2 matmul (relu_square_mlp): its forward's tile,
-                                         # then its backward's (MLP_TILE each); None: cuBLAS + compiled ReLU^2
+                                         # its backward's and its FP8 forward's (MLP_TILE each); None: cuBLAS
+                                         # and a compiled ReLU^2
 
     def head_launch(self) -> tuple:
         """The FP8 head's launch (head_loss, fp8_head_loss): the CE kernel's tiles, then the transposes'."""
         return (*self.ce_tiles, *self.transpose_tile)
 
-    def mlp_launch(self) -> list:
-        """relu_square_mlp's tiles: its forward's, then its backward's."""
-        return [*self.mlp_tiles[0], *self.mlp_tiles[1]]
+    def mlp_launch(self, fp8: bool = False) -> list:
+        """relu_square_mlp's tiles: its forward's (FP8 or bf16), then its backward's."""
+        return [*self.mlp_tiles[2 if fp8 else 0], *self.mlp_tiles[1]]
 
 
 # settings that may differ between a checkpoint and the run resuming it: none of them changes the training
@@ -387,8 +408,8 @@ SAMPLE_SHARDS = Path(__file__).resolve().parent / "data" / "sample_shards"  # th
 _CPU = dict(device="cpu", train_files=str(SAMPLE_SHARDS / "sample_train_*.bin"),
             val_files=str(SAMPLE_SHARDS / "sample_val_*.bin"), num_layers=4, num_heads=2, head_dim=32, model_dim=64,
             long_window_layers=(0, 3), no_attn_layers=(1,), paired_head_layers=(2,), value_embeds=(-1, -1, 0, 1),
-            skip=(0, 2), backout_layer=1, windows=(2, 4), final_window=4, val_window=6, bigram_vocab=5 * 4096,
-            fp8_head=False, warmup_steps=0, val_seq_len=1024, val_tokens=8192)
+            skip=(0, 2), backout_layer=1, windows=(2, 4), final_window=4, val_window=6, bigram_vocab=15 * 4096,
+            fp8_head=False, fp8_mlp=False, warmup_steps=0, val_seq_len=1024, val_tokens=8192)
 # named starting points for runs other than the record's; flags given beside --preset override it
 PRESETS = {
     "smoke": {**_CPU, "seq_len": 128, "batch_seqs": (1, 2), "num_steps": 20, "extension_steps": 1, "val_every": 10,
@@ -441,9 +462,11 @@ def check_config(cfg: Hyperparameters):
         if getattr(cfg, name) <= 0:
             raise UserError(f"--{name} must be positive (it is {getattr(cfg, name)})")
     for name in ["val_every", "save_every", "keep_last", "warmup_steps", "extension_steps", "bigram_vocab",
-                 "momentum_cooldown_steps", "micro_batch", "stop_at"]:
+                 "bigram_dim", "bigram_signs", "momentum_cooldown_steps", "micro_batch", "stop_at"]:
         if getattr(cfg, name) < 0:
             raise UserError(f"--{name} must be 0 or more (it is {getattr(cfg, name)})")
+    if not 0 < bigram_width(cfg) <= cfg.model_dim:
+        raise UserError(f"--bigram_dim {cfg.bigram_dim} must be at most --model_dim {cfg.model_dim} (0: a quarter of it)")
     if cfg.stop_at >= cfg.num_steps:
         raise UserError(f"--stop_at {cfg.stop_at} is not before the last step (--num_steps {cfg.num_steps}): "
                         f"leave it out to train to the end")
@@ -724,6 +747,26 @@ def bigram_hash(idx: Tensor, rows: int) -> Tensor:
     x = idx.to(torch.int32)
     hashed = torch.bitwise_xor(BIGRAM_MULS[0] * x[..., 1:], BIGRAM_MULS[1] * x[..., :-1]) % (rows - 1)
     return torch.cat([x.new_full((*x.shape[:-1], 1), rows - 1), hashed], dim=-1)
+
+
+def bigram_width(cfg: "Hyperparameters") -> int:
+    """The bigram embedding's width: --bigram_dim, or a quarter of the stream's (record 2026-05-20: 192 of 768)."""
+    return cfg.bigram_dim or cfg.model_dim // 4
+
+
+def bigram_sign_rows(idx: Tensor, rows: int) -> Tensor:
+    """Each position's row of the bigram sign table: (previous token xor token) mod rows; position 0 of each
+    sequence (no previous token) row 0 (record 2026-05-20_BigramsSignTrick)."""
+    x = idx.to(torch.int32)
+    return torch.cat([x.new_zeros((*x.shape[:-1], 1)), torch.bitwise_xor(x[..., :-1], x[..., 1:]) % rows], dim=-1)
+
+
+def add_to_first_dims(x: Tensor, y: Tensor) -> Tensor:
+    """x plus y on x's first y.size(-1) dims: the bigram embedding, narrower than the stream, joins its first
+    dims (the record's `x[..., :bigram_dim] += ...`)."""
+    if y.size(-1) == x.size(-1):
+        return x + y
+    return torch.cat([x[..., :y.size(-1)] + y, x[..., y.size(-1):]], dim=-1)
 
 
 class RowsIntoSum(torch.autograd.Function):
@@ -1048,6 +1091,32 @@ class Attention(nn.Module):
         return sa[1] * mm(y, vo_w[1].mT)
 
 
+# ---- the MLP's up-projection in FP8 (record 2026-05-19_FP8MLPUpProj): forward only, each operand in e4m3 scaled
+# by its largest magnitude, the fp32 sums times both scales; backward reads the bf16 input and weights
+
+def fp8_weight(w: Tensor) -> tuple[Tensor, Tensor]:
+    """(w / s in e4m3, s) for a bf16 matrix, s = its largest magnitude / 448 (fp32), computed as the record's
+    refresh after each optimizer step does: s and w / s are bf16 ops, rounded to bf16 before e4m3."""
+    scale = w.detach().abs().amax().clamp(min=1e-12) / E4M3_MAX
+    return (w.detach() / scale).to(torch.float8_e4m3fn), scale.float()
+
+
+def fp8_input(x: Tensor, w_scale: Tensor) -> tuple[Tensor, Tensor]:
+    """(x * 448 / amax in e4m3, what the fp8 product's sums are multiplied by: w_scale * amax / 448) for the
+    MLP's normed input x, amax its largest magnitude in this pass (a device scalar: no sync). In fp32, rounded
+    once, to e4m3: what the record's compiled bf16 ops compute (Inductor keeps their intermediates in fp32)."""
+    amax = x.detach().abs().amax().float().clamp(min=1e-12)
+    return (x.detach().float() * (E4M3_MAX / amax)).to(torch.float8_e4m3fn), w_scale * amax / E4M3_MAX
+
+
+def fp8_mm(a_f8: Tensor, b_f8: Tensor, scale: Tensor) -> Tensor:
+    """(a_f8 @ b_f8.T) times scale, rounded to bf16, for e4m3 a (rows, k) and b (n, k) and an fp32 device scalar:
+    on the FP8 tensor cores of sm_89+ GPUs; elsewhere the same fp32 sums of the same values."""
+    if a_f8.is_cuda and has_fp8_tensor_cores(torch.cuda.get_device_capability(a_f8.device)):
+        return torch._scaled_mm(a_f8, b_f8.T, scale_a=scale, scale_b=torch.ones_like(scale), out_dtype=torch.bfloat16)
+    return ((a_f8.float() @ b_f8.float().T) * scale).bfloat16()
+
+
 class MLP(nn.Module):
     def __init__(self, dim: int, kernels: KernelSettings = None):
         super().__init__()
@@ -1056,11 +1125,16 @@ class MLP(nn.Module):
         self.proj_w = nn.Parameter(torch.zeros(4 * dim, dim))
         self.kernels = kernels or KernelSettings()
         self.copies = {}  # name -> the matrix's compute copy while training (WeightCopies)
+        self.fc_fp8 = None  # (fc_w in e4m3, its scale) while training with --fp8_mlp (WeightCopies)
 
     def forward(self, x: Tensor) -> Tensor:
         fc_w, proj_w = weight_in(self, "fc_w", x), weight_in(self, "proj_w", x)
-        # the same function, ReLU^2 in the matmul's epilogue
-        if self.kernels.mlp_tiles and on_gpu(x) and x.dtype == torch.bfloat16:
+        fused = self.kernels.mlp_tiles and on_gpu(x) and x.dtype == torch.bfloat16
+        if self.training and self.fc_fp8 is not None and x.dtype == torch.bfloat16:
+            x_f8, scale = fp8_input(x, self.fc_fp8[1])
+            tiles = self.kernels.mlp_launch(fp8=True) if fused else []
+            return relu_square_mlp(x, fc_w, proj_w, tiles, x_f8.view(-1, x.size(-1)), self.fc_fp8[0], scale)[0]
+        if fused:  # the same function, ReLU^2 in the matmul's epilogue
             return relu_square_mlp(x, fc_w, proj_w, self.kernels.mlp_launch())[0]
         return mm(F.relu(mm(x, fc_w.mT)).square(), proj_w)  # ReLU^2
 
@@ -1090,7 +1164,7 @@ class Block(nn.Module):
                           flex_options, mudd)
             x = mix[0] * x + mix[1] * y + mix[4] * x0
             if bigram is not None:
-                x = x + mix[5] * bigram
+                x = add_to_first_dims(x, mix[5] * bigram)
         return mix[2] * x + mix[3] * self.mlp(norm(x))
 
 
@@ -1255,7 +1329,9 @@ class GPT(nn.Module):
         # lm_head, and the token embedding tied to it (its copy) until split_step (record 2025-12-19)
         self.head_w = nn.Parameter((torch.randn(V, dim) * 0.005).bfloat16())
         self.embed = nn.Embedding(V, dim, _weight=self.head_w.detach().clone())
-        self.bigram_embed = (nn.Embedding(cfg.bigram_vocab, dim, _weight=torch.zeros(cfg.bigram_vocab, dim, **bf16))
+        bigram_dim = bigram_width(cfg)
+        self.bigram_embed = (nn.Embedding(cfg.bigram_vocab, bigram_dim,
+                                          _weight=torch.zeros(cfg.bigram_vocab, bigram_dim, **bf16))
                              if cfg.bigram_vocab else None)
         self.ve_of_layer = list(cfg.value_embeds)
         self.value_embeds = nn.ModuleList(nn.Embedding(V, dim, _weight=(torch.randn(V, dim) * VE_INIT_STD).bfloat16())
@@ -1278,6 +1354,10 @@ class GPT(nn.Module):
         self.mudd = MUDD(dim, cfg.num_heads) if cfg.mudd else None
         self.mudd_ve = next(t for t in cfg.value_embeds if t >= 0) if cfg.mudd else None  # the first VE layer's
         self.head_loss, self.eval_loss = head_loss, eval_loss
+        # the bigram sign table: random +-1 in bf16, a buffer the checkpoint holds (record 2026-05-20). Drawn last,
+        # so that the other weights start as they did before it
+        self.register_buffer("bigram_sign_table", torch.randn(cfg.bigram_signs, bigram_dim).sign().bfloat16()
+                             if cfg.bigram_vocab and cfg.bigram_signs else None)
         self.grad_sinks = {}  # table weight -> RowSink, attached by the optimizer (ShardedOptimizer.row_sinks)
         self.weight_copies = None  # the matrices' compute copies while training (use_weight_copies)
 
@@ -1329,10 +1409,13 @@ class GPT(nn.Module):
         """Compute with copies' bf16 matrices (each block's attention and MLP looks its own up by name)."""
         self.weight_copies = copies
         of = {id(p): c for p, c in zip(copies.masters, copies.copies)}
+        fp8 = {id(copies.masters[i]): f8 for i, f8 in copies.fp8.items()}
         for module in self.modules():
             if isinstance(module, (Attention, MLP)):
                 module.copies = {name: of[id(p)] for name, p in module.named_parameters(recurse=False)
                                  if id(p) in of}
+            if isinstance(module, MLP):
+                module.fc_fp8 = fp8.get(id(module.fc_w))
 
     def hidden(self, idx: Tensor, windows: Tensor) -> Tensor:
         """idx: (B, T) token ids of B sequences, or (T,) of one; windows: (short, long) window in tokens.
@@ -1351,23 +1434,28 @@ class GPT(nn.Module):
                          [self.lookup(e, idx, order) for e in self.value_embeds])
 
     def core(self, idx: Tensor, windows: Tensor, tokens: Tensor, bigram, ve: list) -> Tensor:
-        """The masks and every block, from the rows the tables gave (B, T, dim each): one compiled graph."""
+        """The masks, the bigram signs and every block, from the rows the tables gave (B, T, dim each): one
+        compiled graph."""
         kinds = {(b.paired, b.long_window) for b in self.blocks if b.attn is not None}
+        if bigram is not None and self.bigram_sign_table is not None:
+            bigram = bigram * self.bigram_sign_table[bigram_sign_rows(idx, self.bigram_sign_table.size(0))]
         return self.run_blocks(tokens, bigram, ve, attention_masks(idx, windows, kinds))
 
     def run_blocks(self, tokens: Tensor, bigram, ve: list, masks: dict) -> Tensor:
-        """The record's layers (2026-03-06_SimplifyHC): the bigram embedding joins x0 before layer 0 and each
-        later layer's attention output, x0 each attention output; the layers after the backout layer attend
-        to its output, not to x (they keep out what the last MLPs write for the prediction)."""
+        """The record's layers (2026-03-06_SimplifyHC): the bigram embedding joins the stream before layer 0 and
+        each later layer's attention output, x0 each attention output; the layers after the backout layer attend
+        to its output, not to x (they keep out what the last MLPs write for the prediction). x0 is the stream
+        as layer 0 gets it, the bigram's share included: the record's in-place add of that share (2026-05-20,
+        `x[..., :bigram_dim] = ...`) also reaches its x0, which is the same tensor; MUDD's x0 was that already."""
         sa, _, backout, skip_w = self.lambdas()
-        x = x0 = self.embed_tokens(tokens)
+        x0 = self.embed_tokens(tokens)
         # the stream's weights in its dtype, as the record's .bfloat16() (and compiled code rounds as eager does)
         bigram_w = self.x0_lambdas.new_zeros(len(self.blocks)) if self.bigram_lambdas is None else self.bigram_lambdas
         mixes = torch.stack([self.resid_lambdas[:, 0], self.post_lambdas[:, 0], self.resid_lambdas[:, 1],
                              self.post_lambdas[:, 1], self.x0_lambdas, bigram_w], dim=1).type_as(x0)
         if bigram is not None:
-            x = x + mixes[0, 5] * bigram
-        x0_mudd = x  # MUDD's x0 (the record's, after its `x0 = x.clone()`): the stream as layer 0 gets it
+            x0 = add_to_first_dims(x0, mixes[0, 5] * bigram)
+        x = x0
         skipped = backout_x = second_last = mudd = None
         for i, block in enumerate(self.blocks):
             skip = None
@@ -1378,17 +1466,17 @@ class GPT(nn.Module):
                 x = block(x, x0, bigram if i > 0 else None, backout_x, mixes[i], ve_i, masks, self.rotary, sa[i],
                           self.kernels.flex_options, skip)
             else:  # the last layer, its weights per token from MUDD
-                x = block(x, x0_mudd, bigram, backout_x, mudd[1], ve_i, masks, self.rotary, sa[i],
+                x = block(x, x0, bigram, backout_x, mudd[1], ve_i, masks, self.rotary, sa[i],
                           self.kernels.flex_options, skip, mudd[0])
             if self.mudd is not None and i == len(self.blocks) - 2:
                 second_last = x
-                x, *mudd = self.mudd.inner(x, x0_mudd, backout_x)
+                x, *mudd = self.mudd.inner(x, x0, backout_x)
             if i == self.skip_from:
                 skipped = x
             if i == self.backout_layer:
                 backout_x = x
         if self.mudd is not None:
-            return self.mudd.outer(x, [x0_mudd, backout_x, second_last, ve[self.mudd_ve], skipped])
+            return self.mudd.outer(x, [x0, backout_x, second_last, ve[self.mudd_ve], skipped])
         return x - backout * backout_x
 
     def forward(self, idx: Tensor, targets: Tensor, windows: Tensor, mtp_weights: Tensor = None):
@@ -1623,10 +1711,13 @@ class WeightCopies:
     backward makes no fp32 grad to add to .grad. The same function: the same casts, the same fp32 sums in the
     same order. sync() finds changed matrices by their version counters (every in-place write bumps one)."""
 
-    def __init__(self, masters: list, dtype: torch.dtype):
+    def __init__(self, masters: list, dtype: torch.dtype, fp8: tuple = ()):
         self.masters = masters
         self.copies = [p.detach().to(dtype).requires_grad_() for p in masters]
         self.versions = [p._version for p in masters]
+        # {index: (e4m3 copy, its scale)} for the masters at these indices (the MLPs' fc_w under --fp8_mlp): made
+        # from the bf16 copy whenever it is, in place, so the compiled graphs keep reading the same tensors
+        self.fp8 = {i: fp8_weight(self.copies[i]) for i in fp8}
 
     @torch.no_grad()
     def sync(self):
@@ -1634,6 +1725,9 @@ class WeightCopies:
         if stale:
             torch._foreach_copy_([self.copies[i] for i in stale], [self.masters[i] for i in stale])
             self.versions = [p._version for p in self.masters]
+        for i in (i for i in stale if i in self.fp8):
+            for held, new in zip(self.fp8[i], fp8_weight(self.copies[i])):
+                held.copy_(new)
 
 
 class ShardedOptimizer:
@@ -1685,7 +1779,9 @@ class ShardedOptimizer:
         """The NorMuon matrices' compute copies in dtype, whose grads (a micro-step's each) their buckets then
         sum in fp32, as they sum bf16 parameters'."""
         muon = [(i, b) for i, b in enumerate(self.buckets) if b.kind == "muon" and b.acc is None]
-        made = WeightCopies([p for _, b in muon for p in b.params], dtype)
+        groups = [b.group for _, b in muon for _ in b.params]
+        made = WeightCopies([p for _, b in muon for p in b.params], dtype,
+                            fp8=tuple(j for j, g in enumerate(groups) if g == "mlp_in" and self.cfg.fp8_mlp))
         copies = iter(made.copies)
         for i, b in muon:
             b.sum_in_fp32(self.comm.world)
@@ -2270,7 +2366,7 @@ def parameter_counts(cfg: Hyperparameters) -> tuple[int, int]:
     attn = [i for i in range(L) if i not in cfg.no_attn_layers]
     ve_gates = [i for i in attn if own_ve_gate(cfg, i)]
     mudd = (2 * MUDD_HIDDEN * d + 2 * MUDD_HIDDEN * 2 * MUDD_COLS + 2 * 2 * MUDD_COLS) if cfg.mudd else 0
-    bf16 = ((2 + max(cfg.value_embeds) + 1) * V + cfg.bigram_vocab) * d + \
+    bf16 = (2 + max(cfg.value_embeds) + 1) * V * d + cfg.bigram_vocab * bigram_width(cfg) + \
         (len(attn) + len(ve_gates)) * heads * GATE_DIMS + 2 * GATE_DIMS + mudd
     xsa = sum(has_xsa(cfg, i) for i in attn) * heads
     fp32 = L * 8 * d * d + len(attn) * 4 * d * d + (8 if cfg.bigram_vocab else 7) * L + (2 if cfg.mudd else 3) + xsa
@@ -2323,10 +2419,11 @@ def build(cfg: Hyperparameters) -> Trainer:
     rank, world, device = setup(cfg)
     comm = Comm(rank, world, device)
     notes, kernels = [], KernelSettings()
-    if cfg.fp8_head and device.type == "cuda" and not has_fp8_tensor_cores(torch.cuda.get_device_capability(device)):
-        cfg = dataclasses.replace(cfg, fp8_head=False)  # emulated FP8 would be slower than bf16
-        notes.append(log_line(note="fp8_head_off", why=f"{torch.cuda.get_device_name(device).replace(' ', '_')}"
-                                   f"_has_no_FP8_tensor_cores"))
+    fp8 = [name for name in ("fp8_head", "fp8_mlp") if getattr(cfg, name)]
+    if fp8 and device.type == "cuda" and not has_fp8_tensor_cores(torch.cuda.get_device_capability(device)):
+        cfg = dataclasses.replace(cfg, **{name: False for name in fp8})  # emulated FP8 would be slower than bf16
+        notes.append(log_line(note=",".join(f"{name}_off" for name in fp8),
+                              why=f"{torch.cuda.get_device_name(device).replace(' ', '_')}_has_no_FP8_tensor_cores"))
     if device.type == "cuda":
         smem = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
         capability = tuple(torch.cuda.get_device_capability(device))
@@ -3340,8 +3437,9 @@ FP32_EPS = torch.finfo(torch.float32).eps  # F.rms_norm's default eps for bf16 i
 MLP_TILE = ("rows", "columns", "depth", "warps", "stages", "store_split", "warp_specialize", "programs_per_sm")
 # forward's and backward's (KernelSettings.mlp_tiles): the fastest of 21 launches each on an H100, the same bits
 # as any other (records/2026-12-06_mlptiles-h100, records/bench/mlpbench.py); the backward's two programs per
-# multiprocessor fit its shared memory (test_mlp_hopper_tiles_fit_the_shared_memory)
-MLP_HOPPER_TILES = ((128, 256, 64, 8, 4, 2, 0, 1), (128, 128, 64, 8, 3, 4, 0, 2))
+# multiprocessor fit its shared memory (test_mlp_hopper_tiles_fit_the_shared_memory). The FP8 forward's: the
+# record's (2026-05-19_FP8MLPUpProj: 128 x 256 tiles 128 deep, 4 stages, 8 warps)
+MLP_HOPPER_TILES = ((128, 256, 64, 8, 4, 2, 0, 1), (128, 128, 64, 8, 3, 4, 0, 2), (128, 256, 128, 8, 4, 2, 0, 1))
 
 
 def ce_outputs(rows: int, vocab: int, device) -> tuple[Tensor, Tensor, Tensor]:
@@ -3502,17 +3600,21 @@ fp8_head_loss.register_autograd(_fp8_head_grad, setup_context=_fp8_head_setup)
 # (records/2026-12-05_xsa-h100/profiles). The speedrun fuses it since its record 2026-01-10_FusedLinearReLUSquare.
 
 @torch.library.custom_op("train_gpt::relu_square_mlp", mutates_args=())
-def relu_square_mlp(x: Tensor, fc_w: Tensor, proj_w: Tensor, tiles: list[int]) -> tuple[Tensor, Tensor]:
+def relu_square_mlp(x: Tensor, fc_w: Tensor, proj_w: Tensor, tiles: list[int], x_f8: Optional[Tensor] = None,
+                    fc_f8: Optional[Tensor] = None, fp8_scale: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """MLP.forward's relu(x @ fc_w.T)^2 @ proj_w for x (..., dim) and weights (4 dim, dim), of one dtype:
     returns (output, post), post = relu(x @ fc_w.T)^2, all backward reads of the activations (relu(pre) is
     sqrt(post), so pre is never stored: the speedrun's 2026-06-11 "leaner" kernel). On GPU one kernel makes post
-    (relu_square_mm); tiles: KernelSettings.mlp_tiles, forward's and backward's MLP_TILE end to end."""
-    post = relu_square_mm(x.reshape(-1, x.size(-1)), fc_w, None, tiles[:len(MLP_TILE)])
+    (relu_square_mm); tiles: KernelSettings.mlp_launch, forward's and backward's MLP_TILE end to end, or [] for
+    torch ops. With x_f8 (tokens, dim), fc_f8 and fp8_scale (fp8_input, fp8_weight) x @ fc_w.T is their FP8
+    product instead (fp8_mm); the grads still come from x and fc_w."""
+    fp8 = None if x_f8 is None else (x_f8, fc_f8, fp8_scale)
+    post = relu_square_mm(x.reshape(-1, x.size(-1)), fc_w, None, tiles[:len(MLP_TILE)], fp8)
     return mm(post, proj_w).reshape(x.shape), post
 
 
 @relu_square_mlp.register_fake
-def _(x, fc_w, proj_w, tiles):
+def _(x, fc_w, proj_w, tiles, x_f8=None, fc_f8=None, fp8_scale=None):
     return x.new_empty(x.shape), x.new_empty(x.numel() // x.size(-1), fc_w.size(0))
 
 
@@ -3539,19 +3641,21 @@ def _relu_square_backward(ctx, g, *_):
     x, fc_w, proj_w, post = ctx.saved_tensors
     g2, x2 = g.reshape(-1, g.size(-1)), x.reshape(-1, x.size(-1))
     dpre = relu_square_grad(g2, proj_w, post, ctx.tiles[len(MLP_TILE):])
-    return mm(dpre, fc_w).reshape(x.shape), mm(dpre.mT, x2), mm(post.mT, g2), None
+    return mm(dpre, fc_w).reshape(x.shape), mm(dpre.mT, x2), mm(post.mT, g2), None, None, None, None
 
 
 relu_square_mlp.register_autograd(_relu_square_backward, setup_context=_relu_square_setup)
 
 
-def relu_square_mm(a: Tensor, b: Tensor, post, tile) -> Tensor:
-    """s = a @ b.T for a (rows, k) and b (n, k), then, without post: relu(s)^2; with post (rows, n), the
-    forward's relu(pre)^2: 2 sqrt(post) s, the grad of pre. The GPU kernel rounds s to bf16 first, as cuBLAS
-    writes it, and squares or multiplies in fp32; its tensor descriptors need rows of a multiple of 16 bytes."""
-    if on_gpu(a) and a.dtype == torch.bfloat16 and a.size(1) % 8 == 0 and b.size(0) % 8 == 0:
-        return _relu_square_mm_cuda(a.contiguous(), b.contiguous(), post, tile)
-    s = mm(a, b.mT)
+def relu_square_mm(a: Tensor, b: Tensor, post, tile, fp8: tuple = None) -> Tensor:
+    """s = a @ b.T for a (rows, k) and b (n, k), or with fp8 = (a_f8, b_f8, scale) their fp8_mm; then, without
+    post: relu(s)^2; with post (rows, n), the forward's relu(pre)^2: 2 sqrt(post) s, the grad of pre. The GPU
+    kernel (given a tile) rounds s to bf16 first, as cuBLAS writes it, and squares or multiplies in fp32; its
+    tensor descriptors need rows of a multiple of 16 bytes."""
+    if tile and on_gpu(a) and a.dtype == torch.bfloat16 and a.size(1) % (8 if fp8 is None else 16) == 0 \
+            and b.size(0) % 8 == 0:
+        return _relu_square_mm_cuda(a.contiguous(), b.contiguous(), post, tile, fp8)
+    s = mm(a, b.mT) if fp8 is None else fp8_mm(*fp8)
     f = torch.promote_types(s.dtype, torch.float32)  # bf16's in fp32, float64's in float64
     if post is None:
         return F.relu(s.to(f)).square().to(s.dtype)
@@ -3563,16 +3667,20 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _relu_square_mm_cuda(a: Tensor, b: Tensor, post, tile):
+def _relu_square_mm_cuda(a: Tensor, b: Tensor, post, tile, fp8: tuple = None):
     (M, K), N = a.shape, b.size(0)
     bm, bn, bk, warps, stages, split, ws, per_sm = tile
     out = a.new_empty(M, N)
     programs = min(per_sm * sm_count(a.device.index), triton.cdiv(M, bm) * triton.cdiv(N, bn))
+    scale = None
+    if fp8 is not None:  # the kernel reads the e4m3 operands and multiplies the sums by the scale
+        a, b, scale = fp8[0].contiguous(), fp8[1].contiguous(), fp8[2]
     a_desc, b_desc, out_desc = (TensorDescriptor.from_tensor(t, block) for t, block in
                                 ((a, [bm, bk]), (b, [bn, bk]), (out, [bm, bn // split])))
     post_desc = None if post is None else TensorDescriptor.from_tensor(post.contiguous(), [bm, bn // split])
-    _relu_square_mm_kernel[(programs,)](a_desc, b_desc, out_desc, post_desc, M, N, K, PROGRAMS=programs, BM=bm,
-                                        BN=bn, BK=bk, SPLIT=split, WS=bool(ws), num_warps=warps, num_stages=stages)
+    _relu_square_mm_kernel[(programs,)](a_desc, b_desc, out_desc, post_desc, scale, M, N, K, PROGRAMS=programs,
+                                        BM=bm, BN=bn, BK=bk, SPLIT=split, WS=bool(ws), num_warps=warps,
+                                        num_stages=stages)
     return out
 
 
@@ -3669,6 +3777,10 @@ def rehearse_kernels(trainer: "Trainer"):
             tiles, x, w = settings.mlp_launch(), zeros(B, T, dim), zeros(4 * dim, dim)
             _, post = relu_square_mlp(x, w, w, tiles)
             relu_square_grad(x.view(-1, dim), w, post, tiles[len(MLP_TILE):])  # as the op's backward reads them
+            if cfg.fp8_mlp:  # the training's forward; validation's is the bf16 one above
+                f8 = partial(torch.zeros, device=device, dtype=torch.float8_e4m3fn)
+                relu_square_mlp(x, w, w, settings.mlp_launch(fp8=True), f8(B * T, dim), f8(4 * dim, dim),
+                                torch.ones((), device=device))
         if model.fp8_head:  # one sequence: the CE kernel's launches are a sequence's at any B, and a pass's grads
             # (6.6 GB at four 16K sequences) beside the first step raised the peak (records/2026-12-06_peak-h100)
             x, w = zeros(T, dim), zeros(V, dim)
@@ -3767,18 +3879,22 @@ if triton is not None:
             tl.store(g_ptr + rows[:, None] * V + cols[None, :], g, mask=inside)
 
     @triton.jit
-    def _relu_square_mm_kernel(a_desc, b_desc, c_desc, post_desc, M, N, K, PROGRAMS: tl.constexpr, BM: tl.constexpr,
-                               BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, WS: tl.constexpr):
+    def _relu_square_mm_kernel(a_desc, b_desc, c_desc, post_desc, scale_ptr, M, N, K, PROGRAMS: tl.constexpr,
+                               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
+                               WS: tl.constexpr):
         """Persistent: program p makes output tiles p, p + PROGRAMS, ... (row-major over the tile grid, so the
         programs at work share b's tiles in L2) of s = a @ b.T, a (M, K) and b (N, K) through tensor
-        descriptors, and stores each in SPLIT (1, 2 or 4) blocks of columns (less registers and staging memory
-        at once): c = relu(s)^2 without post_desc (forward), else c = 2 sqrt(post) s."""
+        descriptors (bf16, or e4m3 with the sums times the fp32 at scale_ptr), and stores each in SPLIT (1, 2
+        or 4) blocks of columns (less registers and staging memory at once): c = relu(s)^2 without post_desc
+        (forward), else c = 2 sqrt(post) s."""
         tiles_n = tl.cdiv(N, BN)
         for tile in tl.range(tl.program_id(0), tl.cdiv(M, BM) * tiles_n, PROGRAMS, flatten=True, warp_specialize=WS):
             row, col = (tile // tiles_n) * BM, (tile % tiles_n) * BN
             acc = tl.zeros((BM, BN), dtype=tl.float32)
             for k in range(0, K, BK):
                 acc = tl.dot(a_desc.load([row, k]), b_desc.load([col, k]).T, acc)
+            if scale_ptr is not None:
+                acc = acc * tl.load(scale_ptr)
             if SPLIT == 1:
                 _relu_square_epilogue(acc, c_desc, post_desc, row, col)
             else:

@@ -103,7 +103,7 @@ TINY = ("--device cpu --seq_len 128 --batch_seqs 2,4 --num_layers 4 --model_dim 
         "--long_window_layers 0,3 --no_attn_layers 1 --paired_head_layers 2 --value_embeds 1,-1,0,1 --skip 0,2 "
         "--backout_layer 1 --windows 2,4 --final_window 4 --val_window 6 --extension_steps 1 --bigram_vocab 4096 "
         "--momentum_warmup_steps 3 --momentum_cooldown_steps 1 --warmup_steps 0 --val_tokens 1024 "
-        "--val_seq_len 1024 --fp8_head 0").split()
+        "--val_seq_len 1024 --fp8_head 0 --fp8_mlp 0").split()
 
 
 def tiny_args(shards, tmp_path, *extra) -> list:

@@ -76,10 +76,32 @@ MUTANTS = {
         [REFERENCE, f"{T}::test_attention_and_value_gates_scale_each_head"]),
     "paired-head value-embedding gate reads the value embedding": ("train_gpt.py", [
         ("            ve_in = x if self.paired else", "            ve_in = x if False else")], [REFERENCE]),
-    "MUDD's x0 is the normed embedding, not the stream layer 0 gets": ("train_gpt.py", [
-        ("        x0_mudd = x  # MUDD's x0", "        x0_mudd = x0  # MUDD's x0")], [REFERENCE]),
-    "the last layer's x0 share reads the normed embedding": ("train_gpt.py", [
-        ("x = block(x, x0_mudd, bigram, backout_x, mudd[1]", "x = block(x, x0, bigram, backout_x, mudd[1]")], [REFERENCE]),
+    "x0 is the normed embedding, not the stream layer 0 gets (the record's in-place bigram add)": ("train_gpt.py", [
+        ("            x0 = add_to_first_dims(x0, mixes[0, 5] * bigram)\n        x = x0\n",
+         "            x = add_to_first_dims(x0, mixes[0, 5] * bigram)\n        x = x if bigram is not None else x0\n")],
+        [REFERENCE]),
+    "bigram sign table unused": ("train_gpt.py", [
+        ("            bigram = bigram * self.bigram_sign_table[", "            bigram = bigram + 0 * self.bigram_sign_table[")],
+        [REFERENCE]),
+    "bigram sign row from the token alone": ("train_gpt.py", [
+        ("torch.bitwise_xor(x[..., :-1], x[..., 1:]) % rows", "x[..., 1:] % rows")],
+        [f"{T}::test_bigram_hash_equals_python_integers"]),
+    "bigram added to the stream's last dims": ("train_gpt.py", [
+        ("    return torch.cat([x[..., :y.size(-1)] + y, x[..., y.size(-1):]], dim=-1)",
+         "    return torch.cat([x[..., :-y.size(-1)], x[..., -y.size(-1):] + y], dim=-1)")], [REFERENCE]),
+    "FP8 MLP weights not refreshed after an optimizer step": ("train_gpt.py", [
+        ("        for i in (i for i in stale if i in self.fp8):", "        for i in (i for i in stale if False):")],
+        ["tests/test_training.py::test_fp8_mlp_weights_follow_each_optimizer_step"]),
+    "FP8 MLP weight scale in fp32, not the record's bf16": ("train_gpt.py", [
+        ("    scale = w.detach().abs().amax().clamp(min=1e-12) / E4M3_MAX",
+         "    scale = w.detach().abs().amax().float().clamp(min=1e-12) / E4M3_MAX")],
+        ["tests/test_training.py::test_fp8_mlp_weights_follow_each_optimizer_step"]),
+    "FP8 MLP product not scaled by the input's amax": ("train_gpt.py", [
+        ("torch.float8_e4m3fn), w_scale * amax / E4M3_MAX", "torch.float8_e4m3fn), w_scale * 1.0")],
+        ["tests/test_training.py::test_fp8_mlp_is_the_records_fp8_product_with_bf16_grads"]),
+    "FP8 MLP in eval too": ("train_gpt.py", [
+        ("        if self.training and self.fc_fp8 is not None", "        if self.fc_fp8 is not None")],
+        ["tests/test_training.py::test_fp8_mlp_is_the_records_fp8_product_with_bf16_grads"]),
     "MUDD after layer 9 weighs its own output by m, not 1 + m": ("train_gpt.py", [
         ("        x = (1 + r[..., 2:3]) * x +", "        x = r[..., 2:3] * x +")], [REFERENCE]),
     "MUDD's v addition without its 1.15": ("train_gpt.py", [
@@ -130,7 +152,7 @@ MUTANTS = {
         ("        return F.relu(s.to(f)).square().to(s.dtype)", "        return F.relu(s.to(f)).to(s.dtype)")],
         ["tests/test_training.py::test_relu_square_mlp_op_has_the_rules_grads"]),
     "fused MLP's backward: two programs per multiprocessor that do not both fit": ("train_gpt.py", [
-        ("(128, 128, 64, 8, 3, 4, 0, 2))", "(128, 128, 64, 8, 3, 2, 0, 2))")],
+        ("(128, 128, 64, 8, 3, 4, 0, 2), (", "(128, 128, 64, 8, 3, 2, 0, 2), (")],
         ["tests/test_training.py::test_mlp_hopper_tiles_fit_the_shared_memory"]),
     "MUDD's backout bias left at zero": ("train_gpt.py", [
         ("        bias[1, 1, 1] = MUDD_BACKOUT_BIAS\n", "")], [f"{T}::test_full_size_model_has_the_record_parameters"]),

@@ -147,7 +147,8 @@ L = 11
 
 def record_layout_at_tiny_width(**over):
     args = ["--device", "cpu", "--seq_len", "512", "--val_seq_len", "512", "--val_tokens", "512",
-            "--model_dim", "64", "--num_heads", "2", "--head_dim", "32", "--fp8_head", "0", "--bigram_vocab", "3001"]
+            "--model_dim", "64", "--num_heads", "2", "--head_dim", "32", "--fp8_head", "0", "--fp8_mlp", "0",
+            "--bigram_vocab", "3001"]
     cfg = tg.parse_args(args)
     assert cfg.num_layers == L and set(cfg.long_window_layers) == RECORD_LONG
     assert set(cfg.no_attn_layers) == RECORD_NO_ATTN and set(cfg.paired_head_layers) == RECORD_PAIRED
@@ -177,12 +178,13 @@ def test_each_layer_gets_its_window_and_pairing(monkeypatch):
 
 def test_skip_backout_bigram_and_value_embeddings_follow_the_record():
     """Stub blocks that add i+1 to the residual and record what they are handed: x0 weight 2 and bigram weight
-    3 (the bigram table filled with 0.25), layer 0's input is x0 + 0.75 and each layer's injection 2 x0, plus
-    0.75 from layer 1 on (2026-03-06_SimplifyHC); layer 6 gets layer 3's output through the skip; the layers
-    after 7 attend to layer 7's output; tables filled with t+1 show which value embedding reached which layer;
-    the output is the last layer's minus backout x layer 7's (--mudd 0: MUDD's routing is the float64
-    reference's)."""
-    cfg = record_layout_at_tiny_width(mudd=False)
+    3 (the bigram table, 16 wide, filled with 0.25, no sign table), layer 0's input is x0, the normed embedding
+    plus 0.75 on its first 16 dims (2026-05-20: the bigram joins the first quarter, and x0 with it), and each
+    layer's injection 2 x0, plus 0.75 on the first 16 dims from layer 1 on (2026-03-06_SimplifyHC); layer 6
+    gets layer 3's output through the skip; the layers after 7 attend to layer 7's output; tables filled with
+    t+1 show which value embedding reached which layer; the output is the last layer's minus backout x layer
+    7's (--mudd 0: MUDD's routing is the float64 reference's)."""
+    cfg = record_layout_at_tiny_width(mudd=False, bigram_signs=0)
     model = tg.GPT(cfg).float()  # an fp32 residual stream, so the offsets below are exact
     for t, e in enumerate(model.value_embeds):
         e.weight.data.fill_(t + 1)
@@ -202,22 +204,23 @@ def test_skip_backout_bigram_and_value_embeddings_follow_the_record():
         def forward(self, x, x0, bigram, attn_in, mix, ve, masks, rot, sa, flex_options=None, skip=None):
             if skip is not None:
                 x = x + skip[0] * skip[1]
-            inject = mix[4] * x0 + (0 if bigram is None else mix[5] * bigram)
+            inject = mix[4] * x0 + (0 if bigram is None else torch.nn.functional.pad(mix[5] * bigram, (0, 48)))
             calls[self.i] = (x.clone(), attn_in, inject, None if ve is None else ve.float().mean().item())
             return x + (self.i + 1)
 
     model.blocks = nn.ModuleList(Stub(i, b) for i, b in enumerate(model.blocks))
     idx = torch.randint(0, 50257, (256,), dtype=torch.int32)
     out = model.hidden(idx, torch.tensor([128, 256]))
-    x0 = (calls[0][0] - 0.75)  # layer 0's input less the bigram embedding's share
-    assert (x0.pow(2).mean(-1) - 1).abs().max() < 0.02  # rms-normed (in bf16): it is x0
-    a, c, outputs = 1.0, 0.75, {}  # a layer's input is a * x0 + c
+    first16 = (torch.arange(64) < 16).float()
+    x0 = calls[0][0]  # layer 0's input
+    assert ((x0 - 0.75 * first16).pow(2).mean(-1) - 1).abs().max() < 0.02  # less the bigram's share: rms-normed
+    a, c, outputs = 1.0, 0.0, {}  # a layer's input is a * x0 + c
     for i in range(L):
         if i == RECORD_SKIP[1]:
             aj, cj = outputs[RECORD_SKIP[0]]
             a, c = a + 0.5 * aj, c + 0.5 * cj
         torch.testing.assert_close(calls[i][0], a * x0 + c, msg=f"layer {i}")
-        torch.testing.assert_close(calls[i][2], 2 * x0 + (0.75 if i > 0 else 0.0), msg=f"layer {i}")
+        torch.testing.assert_close(calls[i][2], 2 * x0 + (0.75 * first16 if i > 0 else 0.0), msg=f"layer {i}")
         if i > RECORD_BACKOUT:
             a7, c7 = outputs[RECORD_BACKOUT]
             torch.testing.assert_close(calls[i][1], a7 * x0 + c7, msg=f"layer {i}")
@@ -256,6 +259,19 @@ def ref_rope(x: torch.Tensor, f: torch.Tensor, pos: torch.Tensor) -> torch.Tenso
     d = x.size(-1)
     z = torch.complex(x[..., :d // 2], x[..., d // 2:]) * torch.exp(-1j * pos[..., None].double() * f)
     return torch.cat([z.real, z.imag], -1)
+
+
+def ref_signs(ids: np.ndarray, rows: int) -> list:
+    """Python ints: the sign table's row of each position, 0 at position 0, else (previous token xor token) mod
+    rows (2026-05-20_BigramsSignTrick)."""
+    return [0] + [(int(ids[i - 1]) ^ int(ids[i])) % rows for i in range(1, len(ids))]
+
+
+def ref_params(model) -> dict:
+    """The model's parameters in float64, leaves for autograd, and its bigram sign table (random data, no grad)."""
+    P = {n: p.detach().double().requires_grad_() for n, p in model.named_parameters()}
+    P["bigram_sign_table"] = model.bigram_sign_table.double()
+    return P
 
 
 def ref_bigram(ids: np.ndarray, rows: int) -> list:
@@ -303,7 +319,8 @@ def ref_attention(P, i, h, ve, tokens, window, heads, f, scale, v_add=None, ve_g
 
 def ref_hidden(P: dict, tokens: np.ndarray, short: int, long: int, stages: list, heads: int) -> torch.Tensor:
     """The record's 11 layers (2026-03-06_SimplifyHC's GPT.forward): x = embedding, each token plus smear x
-    sigmoid(gate) x its predecessor's; x0 = rmsnorm(x); x = x0 + bigram_0 B (B the bigram hash embedding);
+    sigmoid(gate) x its predecessor's; x = x0 = rmsnorm(x) + bigram_0 B, B the bigram hash embedding times its
+    sign row, on the first dims (2026-05-20_BigramsSignTrick);
     at each layer with attention x = ra_i x + pa_i attn(rmsnorm(input)) + x0w_i x0 (+ bigram_i B from layer 1
     on), where the input is x, or layer 7's output for the layers after it; layer 6 (no attention) instead
     adds 2 sigmoid(skip) sigmoid(gate of x0) x layer 3's output; then x = rm_i x + pm_i mlp(rmsnorm(x)), a
@@ -316,10 +333,12 @@ def ref_hidden(P: dict, tokens: np.ndarray, short: int, long: int, stages: list,
     resid, post, x0w, bigram_w = P["resid_lambdas"], P["post_lambdas"], P["x0_lambdas"], P["bigram_lambdas"]
     x = P["embed.weight"][ids]
     x = torch.cat([x[:1], x[1:] + smear * torch.sigmoid(x[1:, :12] @ P["smear_gate_w"].T) * x[:-1]])
-    x = x0 = ref_rms(x)
-    bigram = P["bigram_embed.weight"][ref_bigram(tokens, P["bigram_embed.weight"].size(0))]
-    x = x + bigram_w[0] * bigram
-    xm = x  # the record's `x0 = x.clone()` before its layers: what MUDD calls x0
+    x = ref_rms(x)
+    table = P["bigram_sign_table"]
+    bigram = P["bigram_embed.weight"][ref_bigram(tokens, P["bigram_embed.weight"].size(0))] * \
+        table[ref_signs(tokens, table.size(0))]
+    bigram = torch.cat([bigram, bigram.new_zeros(len(ids), x.size(1) - bigram.size(1))], dim=1)  # first dims only
+    x = x0 = xm = x + bigram_w[0] * bigram  # the record's in-place add: its x0 (and MUDD's) is this stream
     f, scale = ref_yarn(x.size(-1) // heads, stages)
     outputs, last = {}, None  # last: what MUDD after layer 9 makes for layer 10
     for i in range(L):
@@ -365,6 +384,7 @@ def randomized_record_model(seed: int, **over) -> "tg.GPT":
     paths (output projections, gates, value and bigram embeddings, MUDD's output weights) and every scalar take
     part."""
     gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # the bigram sign table, a buffer drawn at init
     model = tg.GPT(record_layout_at_tiny_width(**over)).float()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -387,7 +407,7 @@ def test_model_equals_float64_reference(short, long, stages, heads, mudd):
     model.rotary.set_stages(stages)
     tokens = token_layouts(513, 0)["random"]
     idx, targets = tokens[:-1], tokens[1:]
-    P = {n: p.detach().double().requires_grad_() for n, p in model.named_parameters()}
+    P = ref_params(model)
     R = torch.randn(512, 64, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     windows = torch.tensor([short, long])
     want = ref_hidden(P, idx, short, long, stages, heads=heads)
@@ -432,7 +452,7 @@ def test_sequences_side_by_side_equal_each_alone():
     model.rotary.set_stages([3, 7])
     seqs = [token_layouts(385, 0)["random"], token_layouts(385, 1)["starts_mid_document"]]
     idx, targets = np.stack([s[:-1] for s in seqs]), np.stack([s[1:] for s in seqs])
-    P = {n: p.detach().double().requires_grad_() for n, p in model.named_parameters()}
+    P = ref_params(model)
     R = torch.randn(2, 384, 64, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     windows = torch.tensor([192, 384])
     want = [ref_hidden(P, idx[b], 192, 384, [3, 7], heads=2) for b in range(2)]
@@ -490,6 +510,9 @@ def test_bigram_hash_equals_python_integers():
     for rows in (5 * 50304, 3001):
         got = tg.bigram_hash(torch.from_numpy(ids).int(), rows)
         assert got.dtype == torch.int32 and got.tolist() == ref_bigram(ids, rows)
+    for rows in (8192, 1000):  # the sign table's rows, by sequence: each one's position 0 takes row 0
+        got = tg.bigram_sign_rows(torch.from_numpy(np.stack([ids, ids[::-1]])).int(), rows)
+        assert got.tolist() == [ref_signs(ids, rows), ref_signs(ids[::-1], rows)]
 
 
 def test_stationary_keys_take_their_predecessors_values():
@@ -951,16 +974,18 @@ def test_a_saved_config_reads_back_as_the_same_hyperparameters():
 
 
 def test_defaults_are_the_records():
-    """The constants of the default's records (2026-04-22_MuddFormer v3, 2026-05-07_XSAGatedLayers), as their
-    logs' scripts set them; 1385 steps as the speedrun's master ran the two together."""
+    """The constants of the default's records (2026-04-22_MuddFormer v3, 2026-05-07_XSAGatedLayers,
+    2026-05-19_FP8MLPUpProj, 2026-05-20_BigramsSignTrick), as their logs' scripts set them; 1390 steps as the
+    speedrun's master ran the four together (the 1390-step baseline of its 2026-07-13 record)."""
     cfg = tg.Hyperparameters()
-    record = dict(num_steps=1385, extension_steps=10, mudd=True, xsa=True, cooldown_frac=0.60, lr_stage_scales=(1.0, 1.52, 1.73),
+    assert tg.bigram_width(cfg) == 192 and cfg.bigram_signs == 8192 and cfg.fp8_mlp
+    record = dict(num_steps=1390, extension_steps=10, mudd=True, xsa=True, cooldown_frac=0.60, lr_stage_scales=(1.0, 1.52, 1.73),
                   batch_seqs=(8, 16, 24), seq_len=16384, max_doc_len=(896, 2048, 2048), windows=(3, 7, 11), final_window=13,
                   val_window=20, split_embed_frac=2 / 3, mtp=True, val_seq_len=262_144, val_tokens=10_485_760,
                   val_every=250, target_val_loss=3.28, vocab_size=50304, num_layers=11, model_dim=768, num_heads=6,
                   head_dim=128, long_window_layers=(3, 10), no_attn_layers=(6,), paired_head_layers=(0, 2, 5, 9),
                   value_embeds=(-1, 0, 1, -1, -1, -1, -1, -1, 2, 3, 4), skip=(3, 6), backout_layer=7,
-                  bigram_vocab=251_520, fp8_head=True, muon_lr=0.023, muon_wd=1.2, muon_beta2=0.9, adam_lr=0.008,
+                  bigram_vocab=754_560, fp8_head=True, muon_lr=0.023, muon_wd=1.2, muon_beta2=0.9, adam_lr=0.008,
                   adam_wd=0.005, adam_eps=1e-10, momentum_warmup_steps=300, momentum_cooldown_steps=50)
     assert {k: getattr(cfg, k) for k in record} == record
     assert [n * cfg.seq_len for n in cfg.batch_seqs] == [131_072, 262_144, 393_216]
@@ -981,7 +1006,7 @@ def test_defaults_are_the_records():
         "inject": (0.9, 0.95), "gates": (0.9, 0.99), "smear": (0.9, 0.99), "skip": (0.9, 0.99),
         "xsa": (0.9, 0.95), "mudd": (0.9, 0.99), "mudd_bias": (0.9, 0.99)}
     assert tg.MUON_GROUPS == {"attn_qk": 1.0, "attn_vo": 1.0, "mlp_in": 1.0, "mlp_out": 2.0}
-    assert tg.split_step(cfg) == 917  # round(2/3 x 1375) | 1
+    assert tg.split_step(cfg) == 921  # round(2/3 x 1380) | 1
     assert (tg.MUDD_HIDDEN, tg.MUDD_COLS, tg.MUDD_SCALE, tg.MUDD_V_SCALE, tg.MUDD_BACKOUT_BIAS) == (
         64, 8, 0.2 / 3 ** 0.5, 1.15, -4.34)
     assert tg.LR_FLOOR == 0.15
@@ -996,8 +1021,10 @@ def test_full_size_model_has_the_record_parameters():
     f32, bf16, V = torch.float32, torch.bfloat16, 50304
     assert shapes["embed.weight"] == ((V, 768), bf16) and shapes["head_w"] == ((V, 768), bf16)
     assert [shapes[f"value_embeds.{i}.weight"] for i in range(5)] == [((V, 768), bf16)] * 5
-    assert shapes["bigram_embed.weight"] == ((5 * V, 768), bf16)
-    assert shapes["scalars"] == ((2 * L + 2,), f32)  # no backout scalar with MUDD and shapes["x0_lambdas"] == shapes["bigram_lambdas"] == ((L,), f32)
+    assert shapes["bigram_embed.weight"] == ((15 * V, 192), bf16)
+    assert (model.bigram_sign_table.shape, model.bigram_sign_table.dtype) == ((8192, 192), bf16)
+    assert shapes["scalars"] == ((2 * L + 2,), f32)  # no backout scalar with MUDD
+    assert shapes["x0_lambdas"] == shapes["bigram_lambdas"] == ((L,), f32)
     assert shapes["resid_lambdas"] == shapes["post_lambdas"] == ((L, 2), f32)
     assert shapes["smear_gate_w"] == shapes["skip_gate_w"] == ((1, 12), bf16)
     for i in range(L):
@@ -1015,7 +1042,7 @@ def test_full_size_model_has_the_record_parameters():
     assert shapes["mudd.w_in"] == ((2, 64, 768), bf16) and shapes["mudd.w_out"] == ((2, 64, 2, 8), bf16)
     assert shapes["mudd.bias"] == ((2, 2, 8), bf16)
     counted = sum(p.numel() for p in model.parameters())
-    assert counted == ((7 + 5) * V * 768 + 10 * 4 * 768**2 + 11 * 2 * 3072 * 768 + 14 * 6 * 12 + 2 * 12 + 8 * L + 2
+    assert counted == (7 * V * 768 + 15 * V * 192 + 10 * 4 * 768**2 + 11 * 2 * 3072 * 768 + 14 * 6 * 12 + 2 * 12 + 8 * L + 2
                        + 2 * 64 * 768 + 2 * 64 * 16 + 2 * 16 + 6 * 6)
     muon, adam = tg.param_groups(model)
     assert [tg.muon_shape_factor(p.shape) for p in muon["mlp_in"] + muon["mlp_out"]] == [2.0] * 22

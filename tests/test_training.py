@@ -823,6 +823,111 @@ def test_relu_square_mlp_op_has_the_rules_grads():
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+E4M3 = torch.float8_e4m3fn
+
+
+def fp8_mlp_reference(x, fc_w, proj_w):
+    """The record's FP8 up-projection (2026-05-19_FP8MLPUpProj) in float64, the roundings it makes written out:
+    the weight's scale s_w = its largest magnitude / 448 rounded to bf16, w / s_w rounded to bf16 and then to
+    e4m3; the input's amax its largest magnitude, x * 448 / amax rounded to e4m3; pre = the e4m3 values'
+    product times s_w amax / 448, rounded to bf16; post = relu(pre)^2 rounded to bf16; out = post @ proj_w; and
+    the grads as the bf16 path takes them, from post: dpre = 2 sqrt(post) (g proj_w^T), dx = dpre fc_w,
+    dfc = dpre^T x, dproj = post^T g. Returns (out, post, a function of g giving the three grads)."""
+    X, W, P = (t.detach().double() for t in (x.reshape(-1, x.size(-1)), fc_w, proj_w))
+    s_w = torch.tensor(W.abs().max().item() / 448).bfloat16().double()
+    amax = X.abs().max()
+    pre = ((X * 448 / amax).to(E4M3).double() @ (W / s_w).bfloat16().to(E4M3).double().T * s_w * amax / 448)
+    post = pre.bfloat16().double().relu().square().bfloat16().double()
+
+    def grads(g):
+        G = g.reshape(-1, g.size(-1)).double()
+        dpre = 2 * post.sqrt() * (G @ P.T)
+        return (dpre @ W).reshape(x.shape), dpre.T @ X, post.T @ G
+
+    return (post @ P).reshape(x.shape), post, grads
+
+
+def rel_err(a, b) -> float:
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+def test_fp8_mlp_is_the_records_fp8_product_with_bf16_grads():
+    """The MLP while training with --fp8_mlp (its fc_w's e4m3 copy set) against fp8_mlp_reference: output, post and
+    grads within bf16's rounding of it (0.2% here), while the same MLP in bf16 is 4.5% from it, as far as FP8's
+    rounding takes it; in eval the MLP is the bf16 one exactly."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 64, 128, generator=gen).bfloat16().requires_grad_()
+    fc_w, proj_w = ((torch.randn(512, 128, generator=gen) * 0.05).bfloat16().requires_grad_() for _ in range(2))
+    g = torch.randn(2, 64, 128, generator=gen).bfloat16()
+    mlp = tg.MLP(128)
+    mlp.copies = {"fc_w": fc_w, "proj_w": proj_w}
+    mlp.fc_fp8 = tg.fp8_weight(fc_w)
+    want, want_post, want_grads = fp8_mlp_reference(x, fc_w, proj_w)
+    out = mlp(x)
+    got = torch.autograd.grad(out, (x, fc_w, proj_w), g)
+    assert rel_err(out, want) < 4e-3
+    for name, a, b in zip(("dx", "dfc", "dproj"), got, want_grads(g)):
+        assert rel_err(a, b) < 1e-2, name
+    x8, scale = tg.fp8_input(x, mlp.fc_fp8[1])
+    _, post = tg.relu_square_mlp(x, fc_w, proj_w, [], x8.view(-1, 128), mlp.fc_fp8[0], scale)
+    assert rel_err(post, want_post) < 4e-3
+    mlp.eval()
+    bf16 = mlp(x)
+    assert torch.equal(bf16, tg.mm(torch.relu(tg.mm(x, fc_w.T)).square(), proj_w))
+    assert rel_err(bf16, want) > 0.02  # FP8's rounding is what the reference holds
+
+
+def test_fp8_mlp_weights_follow_each_optimizer_step(sample_shards, tmp_path):
+    """With --fp8_mlp every MLP's e4m3 fc_w and scale are those of its weights now, after each optimizer step
+    (the record quantizes after every step): the largest magnitude / 448 in bf16, and w / scale in e4m3, from
+    the bf16 copy of the fp32 matrix. The run trains close to the bf16 one (a loss within 0.05 over 3 steps) but
+    not equal to it: FP8 is in use."""
+    fp8 = tg.build(tg.parse_args(tiny_args(sample_shards, tmp_path, "--fp8_mlp", "1", "--num_steps", "3",
+                                           "--run_id", "fp8")))
+    mlps = [b.mlp for b in fp8.model.blocks]
+    assert all(m.fc_fp8 is not None for m in mlps)
+    held = [m.fc_fp8 for m in mlps]
+    fp8_losses = []
+    for step in range(3):
+        fp8_losses.append(tg.train_step(fp8, step))
+        fp8.model.weight_copies.sync()  # what the next forward does first
+        for m, (w8, scale) in zip(mlps, held):
+            assert m.fc_fp8[0] is w8 and m.fc_fp8[1] is scale  # refreshed in place: compiled graphs keep them
+            w = m.fc_w.detach().bfloat16().double()
+            want_scale = torch.tensor(w.abs().max().item() / 448).bfloat16().double()
+            assert scale.item() == want_scale.item()
+            want = (w / want_scale).bfloat16().to(E4M3)
+            assert (w8.view(torch.uint8) != want.view(torch.uint8)).float().mean() < 1e-3, step
+    tg.release_lock(fp8.lock)
+    bf16 = tg.build(tg.parse_args(tiny_args(sample_shards, tmp_path, "--num_steps", "3", "--run_id", "bf16")))
+    bf16_losses = [tg.train_step(bf16, step) for step in range(3)]
+    tg.release_lock(bf16.lock)
+    assert fp8_losses != bf16_losses
+    assert max(abs(a - b) for a, b in zip(fp8_losses, bf16_losses)) < 0.05, (fp8_losses, bf16_losses)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_fp8_relu_square_kernel_matches_the_reference():
+    """The fused kernel's FP8 forward at the training shape (16,384 tokens, dim 768) against fp8_mlp_reference
+    and against the torch path of the same op (torch._scaled_mm, then ReLU^2): post equal but for the fp32
+    sums' order (99% of values), output and grads as close to the reference as bf16 rounding allows."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(2, 8192, 768, device="cuda", generator=gen).bfloat16().requires_grad_()
+    fc_w, proj_w = ((torch.randn(3072, 768, device="cuda", generator=gen) * 0.02).bfloat16().requires_grad_()
+                    for _ in range(2))
+    g = torch.randn(2, 8192, 768, device="cuda", generator=gen).bfloat16()
+    w8, s_w = tg.fp8_weight(fc_w)
+    x8, scale = tg.fp8_input(x, s_w)
+    tiles = [*tg.MLP_HOPPER_TILES[2], *tg.MLP_HOPPER_TILES[1]]
+    out, post = tg.relu_square_mlp(x, fc_w, proj_w, tiles, x8.view(-1, 768), w8, scale)
+    _, torch_post = tg.relu_square_mlp(x, fc_w, proj_w, [], x8.view(-1, 768), w8, scale)
+    assert (post == torch_post).float().mean().item() > 0.99
+    want, want_post, want_grads = fp8_mlp_reference(x, fc_w, proj_w)
+    assert rel_err(post, want_post) < 1e-2 and rel_err(out, want) < 1e-2
+    for name, a, b in zip(("dx", "dfc", "dproj"), torch.autograd.grad(out, (x, fc_w, proj_w), g), want_grads(g)):
+        assert rel_err(a, b) < 1e-2, name
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_relu_square_mlp_matches_float64():
     """The fused ReLU^2 matmul kernels at the training shape (16,384 tokens, dim 768) against float64 autograd
@@ -852,27 +957,29 @@ HOPPER_SMEM_PER_BLOCK = 227 * 1024  # the most one program may take (Triton: "Ha
 SMEM_RESERVED_PER_BLOCK = 1024      # what the driver keeps back for each resident program
 
 
-def relu_square_kernel_smem(tile, backward: bool) -> int:
+def relu_square_kernel_smem(tile, backward: bool, operand_bytes: int = 2) -> int:
     """Bytes of shared memory one program of _relu_square_mm_kernel asks for, by how Triton lays it out: each
-    pipeline stage's a and b tiles (bf16), the output's staging block and, in the backward, post's (one column
-    block each, of the tile's store_split), and an 8-byte barrier per stage plus 16."""
+    pipeline stage's a and b tiles (bf16, or e4m3 in the FP8 forward: operand_bytes), the output's staging
+    block and, in the backward, post's (one bf16 column block each, of the tile's store_split), and an 8-byte
+    barrier per stage plus 16."""
     bm, bn, bk, _, stages, split, _, _ = tile
     block = bm * (bn // split) * 2
-    return stages * ((bm + bn) * bk * 2 + 8) + block * (2 if backward else 1) + 16
+    return stages * ((bm + bn) * bk * operand_bytes + 8) + block * (2 if backward else 1) + 16
 
 
 def test_mlp_hopper_tiles_fit_the_shared_memory():
-    """MLP_HOPPER_TILES' launches fit an H100's shared memory, and where a launch asks for two programs per
-    multiprocessor, two fit at once: two that do not run one after the other, at 0.45 ms where two resident
+    """MLP_HOPPER_TILES' launches (the FP8 forward's too) fit an H100's shared memory, and where a launch asks
+    for two programs per multiprocessor, two fit at once: two that do not run one after the other, at 0.45 ms where two resident
     ones take 0.32 (records/2026-12-06_mlptiles-h100/mlpbench_c.txt). The byte count is checked against what
     Triton reported for three launches that did not fit (records/2026-12-06_mlptiles-h100/mlpbench_a.txt,
     records/2026-12-05_mlpfuse-h100/call2/mlpbench.txt)."""
     assert relu_square_kernel_smem((128, 256, 64, 8, 4, 2, 0, 1), backward=True) == 262192
     assert relu_square_kernel_smem((256, 128, 64, 8, 4, 2, 0, 1), backward=True) == 262192
     assert relu_square_kernel_smem((128, 128, 128, 8, 3, 1, 0, 1), backward=True) == 262184
-    for tile, backward in zip(tg.MLP_HOPPER_TILES, (False, True)):
+    assert len(tg.MLP_HOPPER_TILES) == 3  # forward, backward, FP8 forward
+    for tile, backward, operand_bytes in zip(tg.MLP_HOPPER_TILES, (False, True, False), (2, 2, 1)):
         assert len(tile) == len(tg.MLP_TILE), tile
-        smem, per_sm = relu_square_kernel_smem(tile, backward), tile[-1]
+        smem, per_sm = relu_square_kernel_smem(tile, backward, operand_bytes), tile[-1]
         assert smem <= HOPPER_SMEM_PER_BLOCK, (tile, smem)
         assert per_sm * (smem + SMEM_RESERVED_PER_BLOCK) <= HOPPER_SMEM_PER_SM, (tile, smem, per_sm)
 
@@ -893,7 +1000,7 @@ def test_cuda_rehearsal_builds_the_kernels_a_step_launches(sample_shards, tmp_pa
         if isinstance(fn, JITFunction):
             fn.device_caches.clear()
     trainer = tg.build(tg.parse_args(tiny_args(sample_shards, tmp_path, "--device", "cuda", "--compile", "0",
-                                               "--fp8_head", "1", "--num_steps", "2")))
+                                               "--fp8_head", "1", "--fp8_mlp", "1", "--num_steps", "2")))
     with stagebench.KernelCompiles() as compiles:
         rehearsal = tg.KernelRehearsal(trainer)
         rehearsal.finish()
