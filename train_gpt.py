@@ -6,10 +6,11 @@ train_gpt.py: train a GPT-2-small-class model on FineWeb .bin shards to val loss
     python train_gpt.py --help                                 # every hyperparameter; any one can be overridden
     python train_gpt.py --preset smoke                         # a tiny model on CPU, on the shipped books
     python train_gpt.py --generate CKPT --prompt "Once"        # sample from a checkpoint (--generate --help)
+    python train_gpt.py --hellaswag CKPT                       # score one on HellaSwag (--hellaswag --help)
 
 The recipe is the NanoGPT speedrun's records up to 2026-05-20 (BigramsSignTrick and 2026-05-19's FP8MLPUpProj, on
-2026-05-07's XSA and 2026-04-22's MUDD: 1390 steps, batches growing from 131,072 to 393,216 tokens); the map below
-names where each of its tricks lives.
+2026-05-07's XSA and 2026-04-22's MUDD: 1390 steps, batches growing from 131,072 to 393,216 tokens); the recipe
+map at the top of this file names where each of its tricks lives.
 Each run writes logs/<run_id>.txt, which starts with this file's source and the environment, so a log is enough
 to re-run and diff it; a resumed run appends to it. Sections, in order: config and schedules, model, optimizer,
 data, training, checkpoints, sampling, main, and last the hand-written GPU kernels ("GPU fast paths"), each with
@@ -154,27 +155,36 @@ from pathlib import Path
 from typing import Optional
 
 
-def _hold_sigint() -> tuple:
+HELD_SIGNALS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated (SIGTERM)"}
+
+
+def _hold_signals() -> tuple:
     """Importing torch takes seconds, and a KeyboardInterrupt raised inside its C++ code aborts the process
-    with a core dump: a Ctrl-C meanwhile is noted instead, and acted on once the imports are done."""
+    with a core dump, where a SIGTERM would end it silently: either, while this module loads, is noted instead,
+    and acted on once it has loaded (release_held_signals, at its end)."""
     if threading.current_thread() is not threading.main_thread():
-        return [], None
+        return [], {}
     noted = []
-    return noted, signal.signal(signal.SIGINT, lambda *_: noted.append(1))
+    return noted, {s: signal.signal(s, lambda signum, _: noted.append(signum)) for s in HELD_SIGNALS}
 
 
-_sigint_noted, _sigint_handler = _hold_sigint()
+def release_held_signals(held: tuple):
+    """Put back the handlers _hold_signals replaced; a signal that came meanwhile ends the process in one line."""
+    noted, handlers = held
+    for s, handler in handlers.items():
+        signal.signal(s, handler)
+    if noted:
+        raise SystemExit(f"error: {HELD_SIGNALS[noted[0]]} while starting (importing torch): nothing was trained "
+                         f"or written")
+
+
+_held_signals = _hold_signals()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 from torch.nn.attention.flex_attention import BlockMask, flex_attention  # noqa: E402
-
-if _sigint_handler is not None:
-    signal.signal(signal.SIGINT, _sigint_handler)
-if _sigint_noted:
-    raise SystemExit("error: interrupted while starting (importing torch)")
 
 
 class UserError(Exception):
@@ -298,10 +308,14 @@ class Hyperparameters:
     run_id: str = H("", "log file name; default: a fresh uuid")
     save_every: int = H(0, "save a checkpoint every this many steps and at the end; 0 = never")
     keep_last: int = H(2, "after each save, delete this run's older checkpoints but the newest this many; 0 = keep all")
-    resume: str = H("", "checkpoint to continue from, with identical data order, schedule and optimizer state")
+    resume: str = H("", "checkpoint to continue from, with identical data order, schedule and optimizer state; "
+                        "its run's settings are the defaults, and flags beside it may change only those a resume "
+                        "may (README: Resume)")
     stop_at: int = H(0, "end this launch after this step, with a validation and a checkpoint there, to go on "
                         "later with --resume (a machine held for a limited time); the schedule stays --num_steps'. "
                         "0 = train to the end")
+    eval_hellaswag: str = H("", "after training, score the final weights on this HellaSwag .jsonl (python "
+                                "data/hellaswag.py downloads the validation split) and log acc and acc_norm")
     profile_steps: tuple = H((), "A,B: profile train steps A..B (CUDA) into <log_dir>/<run_id>_profile.txt: GPU "
                                  "time per kernel category and the top kernels")
 
@@ -355,10 +369,11 @@ class KernelSettings:
         return [*self.mlp_tiles[2 if fp8 else 0], *self.mlp_tiles[1]]
 
 
-# settings that may differ between a checkpoint and the run resuming it: none of them changes the training
+# settings that may differ between a checkpoint and the run resuming it: none of them changes the training (the
+# shard globs may name other paths of the same shards: restore compares the shards themselves)
 RESUME_FREE = ("log_dir", "run_id", "val_every", "save_every", "keep_last", "warmup_steps", "resume",
                "target_val_loss", "stop_at_target", "profile_steps", "flex_tiles", "mlp_kernel", "micro_batch",
-               "stop_at")
+               "stop_at", "train_files", "val_files", "eval_hellaswag")
 # and these may change on resume too, logged: lower rates are how a diverged run continues from a checkpoint
 RESUME_ADJUSTABLE = ("muon_lr", "adam_lr", "lr_stage_scales")
 RUN_ID_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # a plain file name; 200 leaves room for _step...
@@ -421,8 +436,21 @@ PRESETS = {
 }
 
 
+MODES_HELP = """other modes, each with flags of its own (MODE --help lists them):
+  --generate CKPT --prompt TEXT   continue a prompt with a checkpoint's model [--max_new_tokens --temperature
+                                  --top_k --seed --device]
+  --hellaswag CKPT                score a checkpoint on HellaSwag [--hellaswag_file --limit --device]"""
+
+
+def mode_help(parser: argparse.ArgumentParser, argv: list):
+    """A mode's --help, which argparse would take for the value its CKPT flag is missing."""
+    if "-h" in argv or "--help" in argv:
+        parser.print_help()
+        raise SystemExit(0)
+
+
 def parse_args(argv=None) -> Hyperparameters:
-    parser = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=MODES_HELP)
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="start from a named setting: smoke (CPU, under a minute: does it run), books (CPU, a "
                              "few minutes: a model that writes English words); other flags override it")
@@ -432,12 +460,28 @@ def parse_args(argv=None) -> Hyperparameters:
         else:
             kind = {bool: parse_bool}.get(type(f.default), type(f.default))
         parser.add_argument(f"--{f.name}", type=kind, default=f.default, help=help_text(f))
-    preset = parser.parse_known_args(argv)[0].preset
-    if preset:
-        parser.set_defaults(**PRESETS[preset])
+    known = parser.parse_known_args(argv)[0]
+    if known.preset:
+        parser.set_defaults(**PRESETS[known.preset])
+    if known.resume:  # the run's own settings, which flags given beside --resume may change only as a resume may
+        parser.set_defaults(**checkpoint_settings(known.resume))
     args = vars(parser.parse_args(argv))
     args.pop("preset")
     return Hyperparameters(**args)
+
+
+def checkpoint_settings(path: str) -> dict:
+    """The settings of the run a checkpoint belongs to, as parse_args' defaults: {} if the file is not a readable
+    checkpoint (read_checkpoint then says why). Memory-mapped: the config is read, not the tensors. The log
+    folder is the one the checkpoint is in now (its run's log beside it, wherever it was moved); stop_at is left
+    to the new launch (the run's own pause is behind it)."""
+    try:
+        config = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["config"]
+        saved = dataclasses.asdict(hyperparameters_from(config))
+    except Exception:  # a missing, foreign or broken file: build()'s read of it names the problem
+        return {}
+    return {**{k: v for k, v in saved.items() if k in config and k not in ("resume", "stop_at")},
+            "log_dir": str(Path(path).parent)}
 
 
 def per_part_lists(saved: dict) -> dict:
@@ -1111,9 +1155,11 @@ def fp8_input(x: Tensor, w_scale: Tensor) -> tuple[Tensor, Tensor]:
 
 def fp8_mm(a_f8: Tensor, b_f8: Tensor, scale: Tensor) -> Tensor:
     """(a_f8 @ b_f8.T) times scale, rounded to bf16, for e4m3 a (rows, k) and b (n, k) and an fp32 device scalar:
-    on the FP8 tensor cores of sm_89+ GPUs; elsewhere the same fp32 sums of the same values."""
+    on the FP8 tensor cores of sm_89+ GPUs, with their fast accumulation as the fused kernel's (and the
+    record's) Triton dot has it on Hopper; elsewhere the same fp32 sums of the same values."""
     if a_f8.is_cuda and has_fp8_tensor_cores(torch.cuda.get_device_capability(a_f8.device)):
-        return torch._scaled_mm(a_f8, b_f8.T, scale_a=scale, scale_b=torch.ones_like(scale), out_dtype=torch.bfloat16)
+        return torch._scaled_mm(a_f8, b_f8.T, scale_a=scale, scale_b=torch.ones_like(scale), out_dtype=torch.bfloat16,
+                                use_fast_accum=True)
     return ((a_f8.float() @ b_f8.float().T) * scale).bfloat16()
 
 
@@ -2064,6 +2110,16 @@ def load_shard(path: str) -> np.ndarray:
     return tokens
 
 
+def load_train_shard(path: str) -> np.ndarray:
+    """load_shard's tokens, of a shard the trainer can cut into documents: at least one document start
+    (<|endoftext|>, before every document). The trainer's rule for its train shards, and data/check.py's."""
+    tokens = load_shard(path)
+    if not np.any(tokens == BOS_ID):
+        raise ShardFormatError(f"{path} holds no document start (<|endoftext|>, {BOS_ID}): every document must "
+                               f"begin with one. {DATA_HINT}")
+    return tokens
+
+
 def find_shards(pattern: str, flag: str = "--train_files") -> list:
     """The files the glob matches, sorted, each a readable shard: fail before training, not an hour into it."""
     if os.path.isdir(pattern):
@@ -2127,9 +2183,7 @@ class TrainLoader:
     def __init__(self, pattern: str, seq_len: int, max_doc_len: int, rank: int, world: int):
         self.files = find_shards(pattern)
         for f in self.files:  # every shard now, not when the run reaches it an hour in
-            if not np.any(load_shard(f) == BOS_ID):
-                raise ShardFormatError(f"{f} holds no document start (<|endoftext|>, {BOS_ID}): every document must "
-                                       f"begin with one. {DATA_HINT}")
+            load_train_shard(f)
         self.seq_len, self.rank, self.world, self.shard = seq_len, rank, world, None
         self.load_state({"shard": 0, "doc": 0})
         self._next_seq(max_doc_len)  # shards that cannot fill one micro-batch fail here, before the log is created
@@ -2296,6 +2350,17 @@ class Trainer:
         self.mtp.copy_(self.mtp_host, non_blocking=True)
 
 
+def write_fix(e: OSError, folder_flag: str = "--log_dir") -> str:
+    """What to do about a failed write, by the cause the OS gave: a full disk is not a read-only file system,
+    nor a file or folder removed under the run."""
+    return {errno.ENOSPC: "free disk space", errno.EDQUOT: "free space within your disk quota",
+            errno.EROFS: f"the file system is read-only: make it writable or point {folder_flag} at another",
+            errno.ENOENT: "the file or its folder was removed while the run used it: put the folder back",
+            errno.EACCES: f"make the folder writable for this user or point {folder_flag} elsewhere",
+            errno.EPERM: f"make the folder writable for this user or point {folder_flag} elsewhere",
+            }.get(e.errno, f"fix the cause the system gave, or point {folder_flag} elsewhere")
+
+
 def append_line(path: Path, line: str, newest_checkpoint: str = ""):
     """Append one line to a log, whole or not at all: unbuffered writes, so that a full disk fails the write
     (not a later flush or close), and what a failed write left is cut back off."""
@@ -2312,7 +2377,7 @@ def append_line(path: Path, line: str, newest_checkpoint: str = ""):
                 os.ftruncate(fd, size)
         then = (f"resume from the newest checkpoint, {newest_checkpoint}" if newest_checkpoint else
                 "start the run again (no checkpoint was written yet)")
-        raise UserError(f"cannot append to the log {path} ({e.strerror or e}): free disk space, then {then}") from None
+        raise UserError(f"cannot append to the log {path} ({e.strerror or e}): {write_fix(e)}, then {then}") from None
     finally:
         if fd is not None:
             with contextlib.suppress(OSError):
@@ -2424,6 +2489,8 @@ def build(cfg: Hyperparameters) -> Trainer:
         cfg = dataclasses.replace(cfg, **{name: False for name in fp8})  # emulated FP8 would be slower than bf16
         notes.append(log_line(note=",".join(f"{name}_off" for name in fp8),
                               why=f"{torch.cuda.get_device_name(device).replace(' ', '_')}_has_no_FP8_tensor_cores"))
+    if cfg.profile_steps and device.type != "cuda":  # it times GPU kernels by category
+        notes.append(log_line(note="profile_steps_ignored", why="the_profile_times_GPU_kernels:_it_needs_CUDA"))
     if device.type == "cuda":
         smem = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
         capability = tuple(torch.cuda.get_device_capability(device))
@@ -2432,6 +2499,9 @@ def build(cfg: Hyperparameters) -> Trainer:
             notes.append(log_line(note="flex_small_tiles", why=f"{smem // 1024}KiB_shared_memory_per_block"))
         if cfg.mlp_kernel and capability == HOPPER and TensorDescriptor:
             kernels.mlp_tiles = MLP_HOPPER_TILES
+    if cfg.eval_hellaswag:  # a missing file or tokenizer now, not after an hour of training
+        hellaswag_items(cfg.eval_hellaswag)
+        gpt2_encoding()
     ckpt = read_checkpoint(cfg, comm) if cfg.resume else None
     # a resumed run keeps its run_id, and so its log, unless told otherwise
     run_id = cfg.run_id or (ckpt or {}).get("run_id") or str(uuid.uuid4())
@@ -2450,7 +2520,7 @@ def build(cfg: Hyperparameters) -> Trainer:
                           Stopwatch(device), kernels, micro_batch=micro_batch(cfg, world), lock=lock,
                           init_max_abs=init_max_abs)
         if ckpt is not None:
-            restore(trainer, ckpt)
+            notes += restore(trainer, ckpt)
         if cfg.compile and device.type == "cuda":
             model.compile_regions(whole=cfg.compile_scope == "model" or (cfg.compile_scope == "auto" and world == 1))
         open_log(trainer, ckpt)
@@ -2508,14 +2578,29 @@ def train_step(trainer: Trainer, step: int) -> float:
         raise diverged(trainer, f"{what} became non-finite at step {trainer.step}")
     uniform = math.log(cfg.vocab_size)
     if trainer.step >= trainer.learning_by_step and train_loss > uniform - 0.01:
-        if cfg.muon_lr == 0 and cfg.adam_lr == 0:
-            raise UserError(f"the train loss at step {trainer.step}, {train_loss:.4f}, is no better than guessing "
-                            f"uniformly, and no wonder: the learning rates are 0 (--muon_lr 0 --adam_lr 0), so "
-                            f"nothing trains. Set them above 0 (the record's: 0.023 and 0.008)")
-        raise diverged(trainer, f"the train loss at step {trainer.step}, {train_loss:.4f}, is no better than "
-                                f"guessing uniformly "
-                          f"among {cfg.vocab_size:,} tokens (ln {cfg.vocab_size} = {uniform:.4f})")
+        raise not_learning(trainer, f"the train loss at step {trainer.step}, {train_loss:.4f}, is no better than "
+                                    f"guessing uniformly among {cfg.vocab_size:,} tokens (ln {cfg.vocab_size} = "
+                                    f"{uniform:.4f})")
     return train_loss
+
+
+def not_learning(trainer: Trainer, what: str) -> UserError:
+    """The error for a loss that stayed at a uniform guess's: a divergence if the weights grew past
+    HEALTHY_GROWTH times their largest at initialization (a huge learning rate), else a run that is not
+    learning: learning rates of 0, or far below the record's, or data or settings that cannot train."""
+    cfg, record = trainer.cfg, Hyperparameters()
+    largest = max(p.detach().abs().max().item() for p in trainer.model.parameters())
+    if largest > HEALTHY_GROWTH * trainer.init_max_abs:
+        return diverged(trainer, what)
+    rates = f"--muon_lr {cfg.muon_lr:g} --adam_lr {cfg.adam_lr:g}; the record's: {record.muon_lr} and {record.adam_lr}"
+    if cfg.muon_lr == 0 and cfg.adam_lr == 0:
+        return UserError(f"{what}, and no wonder: the learning rates are 0 ({rates}), so nothing trains. Set them "
+                         f"above 0")
+    if cfg.muon_lr < record.muon_lr / 100 and cfg.adam_lr < record.adam_lr / 100:
+        return UserError(f"{what}, while its weights stayed in range: the run is not learning, not diverging. Its "
+                         f"learning rates are too low to move it ({rates}): raise them")
+    return UserError(f"{what}, while its weights stayed in range: the run is not learning, not diverging. Check "
+                     f"that the shards hold text (python data/check.py FILES) and the settings (--help)")
 
 
 def host_passes(trainer: Trainer, step: int) -> list:
@@ -2764,8 +2849,7 @@ def start_log(path: Path, script: str) -> Path:
         raise UserError(f"{path} exists: another launch with this --run_id took it first; pass another "
                         f"--run_id") from None
     except OSError as e:
-        raise UserError(f"cannot write the log {path} ({e.strerror or e}): free disk space or pick another "
-                        f"--log_dir") from None
+        raise UserError(f"cannot write the log {path} ({e.strerror or e}): {write_fix(e)}") from None
     finally:
         tmp.unlink(missing_ok=True)
     return path
@@ -2948,8 +3032,9 @@ def read_checkpoint(cfg: Hyperparameters, comm: Comm) -> dict:
             if k not in RESUME_FREE + RESUME_ADJUSTABLE}
     if diff:
         listed = "; ".join(f"{k}: {old!r} in the checkpoint, {new!r} now" for k, (old, new) in diff.items())
-        raise UserError(f"checkpoint {path} belongs to another run: {listed}. Resume with its settings (only "
-                        f"{', '.join(RESUME_FREE + RESUME_ADJUSTABLE)} may change)")
+        raise UserError(f"checkpoint {path} belongs to another run: {listed}. A resume keeps its run's settings: "
+                        f"leave out --{', --'.join(diff)} (only {', '.join(RESUME_FREE + RESUME_ADJUSTABLE)} may "
+                        f"change)")
     if 0 < cfg.stop_at <= ckpt["step"]:
         raise UserError(f"--stop_at {cfg.stop_at} is not after checkpoint {path}'s step {ckpt['step']}: name a later "
                         f"step, or leave it out to train to the end")
@@ -3050,13 +3135,16 @@ def cut_torn_line(path: Path) -> str:
         return tail[tail.rfind(b"\n") + 1:].decode(errors="replace")
 
 
-def restore(trainer: Trainer, ckpt: dict):
-    """Continue from a checkpoint read by read_checkpoint: the same data, then every state."""
+def restore(trainer: Trainer, ckpt: dict) -> list:
+    """Continue from a checkpoint read by read_checkpoint: the same data (by the shards' fingerprints, wherever
+    they are now), then every state. Returns the log's notes: the shard globs that moved."""
     cfg, now = trainer.cfg, trainer.data()
     change = (data_changes("--train_files", cfg.train_files, ckpt["data"]["train"], now["train"])
               or data_changes("--val_files", cfg.val_files, ckpt["data"]["val"], now["val"]))
     if change:
         raise UserError(f"{change}. Checkpoint {cfg.resume} continues only on the data it was trained on")
+    moved = {k: (ckpt["config"][k], getattr(cfg, k)) for k in ("train_files", "val_files")
+             if ckpt["config"].get(k) != getattr(cfg, k)}
     try:
         trainer.model.load_state_dict(ckpt["model"])
         trainer.opt.load_state_dict(ckpt["optimizer"])
@@ -3068,6 +3156,8 @@ def restore(trainer: Trainer, ckpt: dict):
     trainer.vals = [tuple(v) for v in ckpt.get("vals", [])]
     trainer.target_ms = ckpt.get("target_ms")
     trainer.last_good_checkpoint = cfg.resume if ckpt["healthy"] else ""
+    return [log_line(note="same_shards_at_another_path", **{k: f"{old}->{new}".replace(" ", "_")})
+            for k, (old, new) in moved.items()]
 
 
 def open_log(trainer: Trainer, ckpt):
@@ -3163,22 +3253,24 @@ def write_checkpoint(trainer: Trainer, healthy: bool):
     trainer.pending_checkpoint = None
     ckpt["healthy"] = healthy
     path = Path(cfg.log_dir) / f"{trainer.run_id}_step{ckpt['step']:06d}.pt"
-    problem = ""
+    problem, fix = "", "free disk space or point --log_dir elsewhere"
     if trainer.comm.rank == 0:
         ckpt["content_sha256"] = content_digest(ckpt["model"], ckpt["optimizer"])
         try:
             write_durably(ckpt, path)
         except OSError as e:
-            problem = e.strerror or str(e)
+            problem, fix = e.strerror or str(e), write_fix(e)
         except RuntimeError as e:  # torch.save's zip writer turns a failed write into "unexpected pos ..."
             if isinstance(e.__context__, (KeyboardInterrupt, Terminated)):  # a signal inside the write
                 raise e.__context__ from None
-            free = shutil.disk_usage(path.parent).free
-            problem = f"torch.save: {str(e).strip().splitlines()[0][:120]}; {free / 2**20:,.0f} MiB free on that disk"
+            if isinstance(e.__context__, OSError):  # the zip writer's own write, e.g. to a read-only disk
+                problem, fix = e.__context__.strerror or str(e.__context__), write_fix(e.__context__)
+            else:
+                free = shutil.disk_usage(path.parent).free
+                problem = f"torch.save: {str(e).strip().splitlines()[0][:120]}; {free / 2**20:,.0f} MiB free on that disk"
     if not trainer.comm.all_ok(not problem):
         raise UserError(f"could not write checkpoint {path} ({problem or 'rank 0 failed'}); the newest complete "
-                        f"one, {trainer.last_checkpoint or 'none'}, is intact. Free disk space or point --log_dir "
-                        f"elsewhere")
+                        f"one, {trainer.last_checkpoint or 'none'}, is intact: {fix}")
     trainer.last_checkpoint = str(path)
     if healthy:
         trainer.last_good_checkpoint = str(path)
@@ -3191,7 +3283,8 @@ def write_checkpoint(trainer: Trainer, healthy: bool):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Sampling from a checkpoint: python train_gpt.py --generate CKPT --prompt "..."
+# Sampling and HellaSwag from a checkpoint: python train_gpt.py --generate CKPT --prompt "..." and
+# python train_gpt.py --hellaswag CKPT
 
 def gpt2_encoding():
     """GPT-2's BPE from the ranks shipped in data/, through data/tokenize_text.py (needs tiktoken)."""
@@ -3223,6 +3316,52 @@ def sample(model: GPT, prompt: list, max_new_tokens: int, windows: Tensor, tempe
     return tokens
 
 
+def device_flag(device: str) -> torch.device:
+    """--generate's and --hellaswag's --device, checked: cuda only where a GPU is visible."""
+    if device not in ("cuda", "cpu") or (device == "cuda" and not torch.cuda.is_available()):
+        raise UserError(f"--device {device}: " + ("no CUDA GPU is visible; pass --device cpu" if device == "cuda"
+                                                  else "must be cuda or cpu"))
+    return torch.device(device)
+
+
+def model_from_checkpoint(path: str, device: torch.device, use: str) -> tuple:
+    """(model in eval mode with the checkpoint's weights, its Hyperparameters, the last validation's windows as a
+    device tensor, RoPE set for them): how --generate and --hellaswag read a checkpoint. use: what for, in the
+    messages."""
+    ckpt, problem = load_checkpoint(path)
+    if problem:
+        raise UserError(f"cannot read checkpoint {path} ({problem}): pass one written by train_gpt.py --save_every"
+                        + (log_beside(path) if problem.startswith("not a checkpoint") else ""))
+    # a checkpoint of another version (a model since changed by a ported record): say how to run that version
+    other = (f"; another version of train_gpt.py wrote it (its source sha256 starts {ckpt['source_sha256'][:16]}): "
+             f"{use} with that version, which its run's log holds (python records/tool.py source LOG -o "
+             f"other_train_gpt.py)" if ckpt["source_sha256"] != source_sha256() else "")
+    try:
+        cfg = hyperparameters_from(ckpt["config"])
+        check_config(dataclasses.replace(cfg, device=device.type))
+    except (TypeError, UserError) as e:
+        raise UserError(f"checkpoint {path} holds settings this train_gpt.py cannot build a model from "
+                        f"({str(e).splitlines()[0]}){other}") from None
+    model = GPT(cfg).to(device).eval()
+    try:
+        model.load_state_dict(ckpt["model"])
+    except (RuntimeError, KeyError, ValueError, TypeError) as e:
+        raise UserError(f"checkpoint {path}: its weights do not fit the model its settings describe "
+                        f"({first_lines(e)}){other}") from None
+    model.rotary.set_stages(long_window_stages(cfg.num_steps, cfg))
+    windows = torch.tensor([w * MASK_BLOCK for w in windows_at(cfg.num_steps, cfg, final_val=True)],
+                           dtype=torch.int32, device=device)
+    return model, cfg, windows
+
+
+def log_beside(path: str) -> str:
+    """For a file that is not a checkpoint: the run's checkpoints beside it, if it is a log of one."""
+    found = sorted(Path(path).parent.glob(f"{Path(path).stem}_step*.pt")) if Path(path).suffix == ".txt" else []
+    return (f". {path} is a run's log; its checkpoints: {', '.join(map(str, found[-3:]))}" if found else
+            f". {path} is a run's log, and no checkpoint of it is beside it (--save_every K writes them)"
+            if Path(path).suffix == ".txt" else "")
+
+
 def generate(argv) -> str:
     parser = _Parser(description="Continue a prompt with a model trained by train_gpt.py.")
     parser.add_argument("--generate", required=True, metavar="CKPT", help="a checkpoint written by --save_every")
@@ -3232,24 +3371,10 @@ def generate(argv) -> str:
     parser.add_argument("--top_k", type=int, default=50, help="sample among the k likeliest; 0 = all (default: 50)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
+    mode_help(parser, argv)
     args = parser.parse_args(argv)
-    if args.device not in ("cuda", "cpu") or (args.device == "cuda" and not torch.cuda.is_available()):
-        raise UserError(f"--device {args.device}: " + ("no CUDA GPU is visible; pass --device cpu"
-                                                       if args.device == "cuda" else "must be cuda or cpu"))
-    ckpt, problem = load_checkpoint(args.generate)
-    if problem:
-        raise UserError(f"cannot read checkpoint {args.generate} ({problem}): pass one written by train_gpt.py "
-                        f"--save_every")
-    # a checkpoint of another version (a model since changed by a ported record): say how to run that version
-    other = (f"; another version of train_gpt.py wrote it (its source sha256 starts {ckpt['source_sha256'][:16]}): "
-             f"sample with that version, which its run's log holds (python records/tool.py source LOG -o "
-             f"other_train_gpt.py)" if ckpt["source_sha256"] != source_sha256() else "")
-    try:
-        cfg = hyperparameters_from(ckpt["config"])
-        check_config(dataclasses.replace(cfg, device=args.device))
-    except (TypeError, UserError) as e:
-        raise UserError(f"checkpoint {args.generate} holds settings this train_gpt.py cannot build a model from "
-                        f"({str(e).splitlines()[0]}){other}") from None
+    device = device_flag(args.device)
+    model, cfg, windows = model_from_checkpoint(args.generate, device, "sample")
     enc = gpt2_encoding()
     prompt = [BOS_ID, *enc.encode_ordinary(args.prompt)]
     limit = max(cfg.seq_len, cfg.val_seq_len)
@@ -3263,16 +3388,6 @@ def generate(argv) -> str:
         raise UserError(f"--max_new_tokens must be positive (it is {args.max_new_tokens}), --temperature a finite number "
                         f"0 or more ({args.temperature}), --top_k 0 or more ({args.top_k}) and --seed within 0..2^63 "
                         f"({args.seed})")
-    device = torch.device(args.device)
-    model = GPT(cfg).to(device).eval()
-    try:
-        model.load_state_dict(ckpt["model"])
-    except (RuntimeError, KeyError, ValueError, TypeError) as e:
-        raise UserError(f"checkpoint {args.generate}: its weights do not fit the model its settings describe "
-                        f"({first_lines(e)}){other}") from None
-    model.rotary.set_stages(long_window_stages(cfg.num_steps, cfg))
-    windows = torch.tensor([w * MASK_BLOCK for w in windows_at(cfg.num_steps, cfg, final_val=True)],
-                           dtype=torch.int32, device=device)
     tokens = sample(model, prompt, args.max_new_tokens, windows, args.temperature, args.top_k,
                     torch.Generator().manual_seed(args.seed))
     return decode(enc, tokens[1:])
@@ -3282,6 +3397,124 @@ def decode(enc, tokens: list) -> str:
     """Text of GPT-2 tokens, some of which hold part of a multi-byte UTF-8 character: bytes that form no whole
     character (a split the model did not complete) are left out rather than printed as U+FFFD."""
     return enc.decode_bytes(tokens).decode("utf-8", errors="ignore")
+
+
+# HellaSwag (Zellers et al. 2019): a context and 4 endings, one right. Each ending is scored by the log-likelihood
+# of its tokens after the context: acc takes the ending of the highest sum, acc_norm of the highest mean per
+# token (the length-normalized form, the one the speedrun's evals/hellaswag.py reports). GPT-2 small (124M)
+# reaches about 0.29 (acc) and 0.31 (acc_norm) on the 10,042 validation items.
+HELLASWAG_FILE = Path(__file__).resolve().parent / "data" / "hellaswag" / "hellaswag_val.jsonl"
+HELLASWAG_BATCH_TOKENS = 16384  # tokens per forward pass: sequences of one padded length, side by side
+
+
+def hellaswag_items(path: str) -> list:
+    """The items of a HellaSwag .jsonl (one JSON object per line with ctx, 4 endings and the label's index, as
+    data/hellaswag.py downloads them), checked: one line naming the first bad one."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file: get HellaSwag's validation split with `python data/hellaswag.py`, "
+                        f"or pass --hellaswag_file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    items = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            ctx, endings, label = item["ctx"], item["endings"], int(item["label"])
+            assert isinstance(ctx, str) and len(endings) == 4 and all(isinstance(e, str) for e in endings)
+            assert 0 <= label < 4
+        except (ValueError, KeyError, TypeError, AssertionError):
+            raise UserError(f"{path}, line {n}: not a HellaSwag item (a JSON object with a \"ctx\" string, 4 "
+                            f"\"endings\" and a \"label\" 0-3)") from None
+        items.append((ctx, endings, label))
+    if not items:
+        raise UserError(f"{path}: holds no items")
+    return items
+
+
+@torch.no_grad()
+def ending_logprobs(model: GPT, seqs: list, windows: Tensor, device: torch.device) -> list:
+    """For token lists [BOS, context..., ending...] with the ending's length each, (sequence tokens, ending
+    length): the sum of the ending tokens' log-probabilities given what precedes them, under the model's
+    validation head (bf16, capped). Each sequence alone (its own document), padded to one length, side by side
+    in passes of about HELLASWAG_BATCH_TOKENS; one shape for all passes, so a compiled model compiles once."""
+    T = -(-max(len(t) for t, _ in seqs) // MASK_BLOCK) * MASK_BLOCK
+    B = min(max(1, HELLASWAG_BATCH_TOKENS // T), len(seqs))
+    out = []
+    for i in range(0, len(seqs), B):
+        part = seqs[i:i + B]
+        idx = torch.zeros(B, T, dtype=torch.int32)
+        for b, (tokens, _) in enumerate(part):
+            idx[b, :len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
+        x = model.hidden(idx.to(device), windows)
+        for b, (tokens, n) in enumerate(part):
+            rows = norm(x[b, len(tokens) - n - 1:len(tokens) - 1]).bfloat16()  # they predict the ending's tokens
+            logits = softcap(mm(rows, model.head_w.bfloat16().mT))
+            targets = torch.tensor(tokens[-n:], device=device)
+            out.append(logits.log_softmax(-1).gather(1, targets[:, None]).sum().item())
+    return out
+
+
+def score_hellaswag(model: GPT, items: list, windows: Tensor, device: torch.device, rank: int = 0,
+                    world: int = 1) -> dict:
+    """acc, acc_norm and the count over items (this rank's share: every world-th), each ending tokenized with a
+    space before it, as GPT-2's BPE writes a word after a space."""
+    enc = gpt2_encoding()
+    seqs = []
+    mine = items[rank::world]
+    for ctx, endings, _ in mine:
+        context = [BOS_ID, *enc.encode_ordinary(ctx)]
+        for ending in endings:
+            tokens = enc.encode_ordinary(" " + ending)
+            seqs.append((context + tokens, len(tokens)))
+    logprobs = ending_logprobs(model, seqs, windows, device) if seqs else []
+    right = right_norm = 0
+    for i, (_, _, label) in enumerate(mine):
+        total = logprobs[4 * i:4 * i + 4]
+        lengths = [n for _, n in seqs[4 * i:4 * i + 4]]
+        right += max(range(4), key=lambda j: total[j]) == label
+        right_norm += max(range(4), key=lambda j: total[j] / lengths[j]) == label
+    return {"right": right, "right_norm": right_norm, "count": len(mine)}
+
+
+def hellaswag_line(counts: dict, path) -> str:
+    n = max(counts["count"], 1)
+    return log_line(hellaswag_acc=f"{counts['right'] / n:.4f}", acc_norm=f"{counts['right_norm'] / n:.4f}",
+                    count=counts["count"], file=path)
+
+
+def hellaswag(argv) -> str:
+    parser = _Parser(description="Score a checkpoint on HellaSwag: acc (highest summed log-likelihood of the "
+                                 "ending) and acc_norm (highest per token), over every item of the file.")
+    parser.add_argument("--hellaswag", required=True, metavar="CKPT", help="a checkpoint written by --save_every")
+    parser.add_argument("--hellaswag_file", default=str(HELLASWAG_FILE),
+                        help="a HellaSwag .jsonl (default: the validation split data/hellaswag.py downloads)")
+    parser.add_argument("--limit", type=int, default=0, help="score only the first N items (default: 0, all)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
+    mode_help(parser, argv)
+    args = parser.parse_args(argv)
+    device = device_flag(args.device)
+    items = hellaswag_items(args.hellaswag_file)
+    if args.limit < 0:
+        raise UserError(f"--limit must be 0 (all) or more (it is {args.limit})")
+    model, _, windows = model_from_checkpoint(args.hellaswag, device, "score it")
+    return hellaswag_line(score_hellaswag(model, items[:args.limit or None], windows, device), args.hellaswag_file)
+
+
+def eval_hellaswag(trainer: Trainer):
+    """--eval_hellaswag after training: the final weights on the file's items, split over the ranks; one log line."""
+    cfg, comm = trainer.cfg, trainer.comm
+    items = hellaswag_items(cfg.eval_hellaswag)
+    trainer.model.eval()
+    trainer.set_schedule(cfg.num_steps, final_val=True)
+    counts = score_hellaswag(trainer.model, items, trainer.windows, trainer.device, comm.rank, comm.world)
+    trainer.model.train()
+    totals = comm.all_reduce(torch.tensor([counts["right"], counts["right_norm"], counts["count"]],
+                                          device=trainer.device))
+    trainer.log(hellaswag_line(dict(zip(("right", "right_norm", "count"), totals.tolist())), cfg.eval_hellaswag))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -3353,12 +3586,28 @@ def run(trainer: Trainer):
                              reserved_memory=f"{torch.cuda.max_memory_reserved() // 2**20}MiB"))
     if pause and not last_step:  # no summary: the run goes on from the checkpoint, in this same log
         trainer.log(log_line(stopped_at=f"{step}/{cfg.num_steps}", resume_with=trainer.last_checkpoint))
+        if trainer.comm.rank == 0:
+            print(f"go on with: {launch_command(trainer.comm.world)} --resume {trainer.last_checkpoint}", flush=True)
         return
     trainer.log(summary_line(trainer))
+    if cfg.eval_hellaswag:
+        eval_hellaswag(trainer)
     if trainer.comm.rank == 0:
         png = trainer.log_path.with_suffix(".png")
         tool = os.path.relpath(Path(__file__).resolve().parent / "records" / "tool.py")
         print(f"plot it: python {tool} plot {trainer.log_path} -o {png}", flush=True)
+
+
+def launch_command(world: int) -> str:
+    """How this script is launched from the current folder: python, or torchrun for several processes (on
+    several nodes with the rendezvous flags this launch had)."""
+    script = os.path.relpath(Path(__file__).resolve())
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if world == 1:
+        return f"python {script}"
+    if local == world:
+        return f"torchrun --standalone --nproc_per_node={world} {script}"
+    return f"torchrun --nnodes={world // local} --nproc_per_node={local} <your rendezvous flags> {script}"
 
 
 def failure_message(e: BaseException, trainer, cfg: Hyperparameters):
@@ -3386,15 +3635,17 @@ def end_log(trainer, message: str):
 
 
 def main(argv=None):
-    """Train (returns the log's path), or with --generate sample from a checkpoint (returns the text)."""
+    """Train (returns the log's path), or with --generate sample from a checkpoint, with --hellaswag score one
+    (returns the text printed)."""
     argv = sys.argv[1:] if argv is None else argv
-    if any(a == "--generate" or a.startswith("--generate=") for a in argv):
-        try:
-            text = generate(argv)
-        except UserError as e:
-            raise SystemExit(f"error: {e}") from None
-        print(text)
-        return text
+    for mode, run_mode in (("--generate", generate), ("--hellaswag", hellaswag)):
+        if any(a == mode or a.startswith(f"{mode}=") for a in argv):
+            try:
+                text = run_mode(argv)
+            except UserError as e:
+                raise SystemExit(f"error: {e}") from None
+            print(text)
+            return text
     cfg = parse_args(argv)
     log_dir_existed = os.path.isdir(cfg.log_dir)
     trainer, old_handler = None, signal.signal(signal.SIGTERM, _on_sigterm)
@@ -4064,5 +4315,6 @@ if triton is not None:
         tl.store(at_d + HALF, (rstd * (gn2 - n2 * dot)).to(tl.bfloat16), mask=live)
 
 
+release_held_signals(_held_signals)  # the module has loaded: a Ctrl-C or SIGTERM from here on is main()'s to handle
 if __name__ == "__main__":
     main()

@@ -7,11 +7,15 @@ Shards land in data/fineweb10B/ (--dir), where train_gpt.py looks by default. Sh
 are skipped, so an interrupted download resumes; each downloaded shard's header is checked.
 """
 import argparse
+import shutil
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
-from huggingface_hub import hf_hub_download
+from huggingface_hub import constants, hf_hub_download
+from huggingface_hub.utils import logging as hub_logging
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from train_gpt import is_shard, read_header  # noqa: E402
@@ -35,23 +39,58 @@ def fetch(name: str, dst: Path) -> bool:
     return True
 
 
+OFFLINE_HINT = ("Check the network (or HF_ENDPOINT). Offline: make shards from your own text with "
+                "`python data/tokenize_text.py` (GPT-2 BPE ships in data/), or unpack the Gutenberg proxy shards "
+                "with `python data/proxy.py`")
+
+
+def hub_unreachable(timeout: float = 10.0) -> str:
+    """Why the hub cannot be reached in `timeout` seconds, or '': one quick request before any download, so
+    that an offline machine gets one line at once instead of the hub library's retries."""
+    try:
+        urllib.request.urlopen(urllib.request.Request(constants.ENDPOINT, method="HEAD"), timeout=timeout).close()
+    except urllib.error.HTTPError:  # the hub answered, if not to this request
+        return ""
+    except (OSError, ValueError) as e:
+        return f"{type(e).__name__}: {getattr(e, 'reason', None) or e}"
+    return ""
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      allow_abbrev=False)
     parser.add_argument("num_train", type=int, nargs="?", default=9, help="train shards of 100M tokens (default 9)")
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="destination (default: %(default)s)")
     args = parser.parse_args(argv)
-    args.dir.mkdir(parents=True, exist_ok=True)
     names = shard_names(args.num_train)
+    if all(is_shard(args.dir / name) for name in names):
+        print(f"all {len(names)} shards are in {args.dir} and valid: nothing to download")
+        return 0
+    why = hub_unreachable()
+    if why:
+        print(f"error: cannot reach the Hugging Face hub at {constants.ENDPOINT} ({why}). {OFFLINE_HINT}",
+              file=sys.stderr)
+        return 1
+    hub_logging.set_verbosity_error()  # one line of ours per shard, not the library's retry warnings
+    made = [p for p in [args.dir, *args.dir.parents] if not p.exists()]
+    cache = args.dir / ".cache"  # the hub library's locks and metadata inside --dir
+    cache_existed = cache.exists()
+    args.dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     for i, name in enumerate(names, 1):
         try:
             fetched = fetch(name, args.dir)
         except OSError as e:  # no route to the hub: huggingface_hub and requests errors are OSErrors
-            print(f"error: could not download {name} from the Hugging Face hub ({type(e).__name__}: {e}).\n"
-                  f"Check the network (or HF_ENDPOINT). Offline: make shards from your own text with "
-                  f"`python data/tokenize_text.py` (GPT-2 BPE ships in data/), or unpack the Gutenberg proxy "
-                  f"shards with `python data/proxy.py`.", file=sys.stderr)
+            if not cache_existed:
+                shutil.rmtree(cache, ignore_errors=True)
+            for folder in made:  # the folders this launch made, if they are still empty
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+            print(f"error: could not download {name} from the Hugging Face hub ({type(e).__name__}: "
+                  f"{str(e).splitlines()[0][:200] if str(e) else 'no reason given'}). {OFFLINE_HINT}",
+                  file=sys.stderr)
             return 1
         print(f"[{i}/{len(names)}] {name}: {'downloaded' if fetched else 'present, valid: skipped'} "
               f"({time.time() - t0:.0f}s)", flush=True)

@@ -1,25 +1,25 @@
-"""Verify FineWeb-format .bin shards: header, token count vs file size, token ids, BOS density.
+"""Verify FineWeb-format .bin shards as the trainer will: header, token count vs file size, token ids, at least one
+document start; and print their BOS density.
 
     python data/check.py data/fineweb10B/*.bin
 
-The format itself (magic, version, header size) is defined once, in train_gpt.py, which reads shards with
-the same functions; this adds the checks that need a pass over the tokens.
+The format and the rules (magic, version, header size, token ids, document starts) are defined once, in
+train_gpt.py, whose load_train_shard this calls, as the trainer does; this adds each shard's statistics.
 """
 import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from train_gpt import BOS_ID, ShardFormatError, load_shard  # noqa: E402
+from train_gpt import BOS_ID, ShardFormatError, load_train_shard  # noqa: E402
 
 
 def check_shard(path: str) -> dict:
-    """Raises ShardFormatError on a bad header, size, or token id (load_shard checks all three, as the trainer
-    does when it loads a shard); returns the shard's statistics."""
-    tokens = load_shard(path)
+    """Raises ShardFormatError on a bad header, size or token id, or no document start: the trainer's own
+    rule for its shards (load_train_shard); returns the shard's statistics."""
+    tokens = load_train_shard(path)
     num_docs = int((tokens == BOS_ID).sum())
-    return {"path": path, "tokens": int(tokens.size), "docs": num_docs,
-            "tokens_per_doc": tokens.size / num_docs if num_docs else float("inf")}
+    return {"path": path, "tokens": int(tokens.size), "docs": num_docs, "tokens_per_doc": tokens.size / num_docs}
 
 
 def main(argv=None) -> int:
@@ -35,8 +35,7 @@ def main(argv=None) -> int:
             print(f"BAD  {e}")
             bad += 1
             continue
-        note = "" if s["docs"] else "  (no <|endoftext|>: the trainer needs documents that start with it)"
-        print(f"ok   {path}: {s['tokens']:,} tokens, {s['docs']:,} docs, {s['tokens_per_doc']:.0f} tokens/doc{note}")
+        print(f"ok   {path}: {s['tokens']:,} tokens, {s['docs']:,} docs, {s['tokens_per_doc']:.0f} tokens/doc")
     return 1 if bad else 0
 
 

@@ -135,6 +135,14 @@ def main(argv=None):
     if args.shard_tokens < 1 or args.val_tokens < 1 or args.workers < 1:
         raise SystemExit("error: --shard_tokens, --val_tokens and --workers must be positive")
     gpt2_encoding(args.bpe)  # fail here, once, rather than in every worker
+    try:  # the output folder now, in one line: a parent that is a file, a folder without write permission
+        args.out.mkdir(parents=True, exist_ok=True)
+        if not os.access(args.out, os.W_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as e:
+        blocking = next((p for p in [args.out, *args.out.parents] if p.exists() and not p.is_dir()), None)
+        why = f"{blocking} is a file, not a folder" if blocking else (e.strerror or str(e))
+        raise SystemExit(f"error: --out {args.out}: cannot make or write that folder ({why}): pass another") from None
     try:
         tokenize(args.inputs, args.out, args.name, args.shard_tokens, args.workers, args.bpe, args.val_tokens)
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError) as e:

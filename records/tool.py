@@ -16,6 +16,7 @@ need scipy and plot needs matplotlib (records/requirements.txt).
 import argparse
 import difflib
 import json
+import math
 import re
 import statistics
 import sys
@@ -70,7 +71,10 @@ class Run:
 
     @property
     def status(self) -> str:
-        """done (trained all num_steps), stopped_early (at the target), or incomplete (crashed, cut, error, paused)."""
+        """done (trained all num_steps), diverged (its last val loss not finite, wherever it ended), stopped_early
+        (at the target), or incomplete (crashed, cut, error, paused)."""
+        if not math.isfinite(self.final[1]):
+            return "diverged"
         if self.final[0] == self.num_steps:
             return "done"
         stopped = self.reached_target is not None and not self.error and not self.paused
@@ -135,19 +139,25 @@ def looks_like_log(path: Path) -> bool:
     return f"\n{SOURCE_END}\n" in text or re.search(r"^(config:|step:\d+/\d+ )", text, re.M) is not None
 
 
-def find_logs(paths) -> list:
+def find_logs(paths, descend: bool = True) -> list:
+    """The logs among paths: files as given, a folder's logs; a folder with none of its own (a record whose arms
+    are subfolders), with descend, its subfolders' logs."""
     out = []
     for p in map(Path, paths):
         if not p.exists():
             raise ToolError(f"{p}: no such file or folder")
-        out += [f for f in sorted(p.glob("*.txt")) if looks_like_log(f)] if p.is_dir() else [p]
+        if not p.is_dir():
+            out.append(p)
+            continue
+        own = [f for f in sorted(p.glob("*.txt")) if looks_like_log(f)]
+        out += own or ([f for f in sorted(p.glob("*/*.txt")) if looks_like_log(f)] if descend else [])
     return out
 
 
-def load_runs(paths) -> tuple[list, list]:
+def load_runs(paths, descend: bool = True) -> tuple[list, list]:
     """(runs, problems): the runs of the logs under paths, and why each log that cannot be read is not one."""
     runs, problems = [], []
-    for path in find_logs(paths):
+    for path in find_logs(paths, descend):
         try:
             runs.append(parse_log(path))
         except (LogFormatError, OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -199,6 +209,10 @@ def refusal(runs) -> str:
     """Why these runs cannot go into a statistic, or "" if they can: each must have trained all its steps."""
     early = [r.path.name for r in runs if r.status == "stopped_early"]
     cut = [r.path.name for r in runs if r.status == "incomplete"]
+    diverged = [f"{r.path.name} ({r.final[1]} at step {r.final[0]})" for r in runs if r.status == "diverged"]
+    if diverged:
+        return (f"refused: {', '.join(diverged)} diverged: its last val loss is not a number to average. Move it "
+                f"out of the folder (and rerun it with lower learning rates)")
     if early:
         return (f"refused: {', '.join(early)} stopped early at the target (--stop_at_target 1): runs that stop "
                 f"as soon as they reach it sit at or below it by construction, which biases the mean. Rerun "
@@ -213,10 +227,45 @@ def reads_fineweb(run: Run) -> bool:
     return "fineweb" in str(run.config.get("train_files", "")).lower() or "batch_tokens" in run.config
 
 
+# settings that are a run's own, not its recipe: runs that differ only in these are the same experiment
+RUN_OWN = {"seed", "run_id", "log_dir", "resume", "save_every", "keep_last", "profile_steps", "stop_at",
+           "warmup_steps", "val_every", "target_val_loss", "stop_at_target", "micro_batch", "compile",
+           "compile_scope", "flex_tiles", "mlp_kernel", "eval_hellaswag"}
+
+
+def settings_groups(runs) -> list:
+    """The runs grouped by their recipe's settings (all but RUN_OWN), in order of first appearance: [(what sets
+    the group apart, its runs)]. Runs of different settings are never averaged together."""
+    keys = [json.dumps({k: v for k, v in r.config.items() if k not in RUN_OWN}, sort_keys=True) for r in runs]
+    order = list(dict.fromkeys(keys))
+    if len(order) == 1:
+        return [("", runs)]
+    configs = [json.loads(k) for k in order]
+    first = ["num_steps", "model_dim", "num_layers", "train_files"]  # what tells a smoke run from a books one
+    differ = sorted({k for c in configs for k in c if any(c.get(k) != d.get(k) for d in configs)},
+                    key=lambda k: (first.index(k) if k in first else len(first), k))
+    label = lambda c: " ".join(f"{k}={json.dumps(c.get(k), separators=(',', ':'))}" for k in differ[:4]) + (
+        f" (+{len(differ) - 4} more)" if len(differ) > 4 else "")
+    return [(label(c), [r for r, k in zip(runs, keys) if k == key]) for c, key in zip(configs, order)]
+
+
 def summary(paths, target) -> str:
     """A table of the runs, mean +- std, and a one-sided t-test of val < target. The default target is FineWeb's
-    3.28, for runs that read FineWeb; runs on other data (the proxy) get no test unless --target names one."""
+    3.28, for runs that read FineWeb; runs on other data (the proxy) get no test unless --target names one. Runs
+    of different settings (a smoke and a books run) get a line each group, and no test."""
     runs = usable_runs(paths)
+    groups = settings_groups(runs)
+    if len(groups) > 1:
+        lines = [f"{len(groups)} different settings among these runs: statistics per setting, no t-test (test "
+                 f"one setting at a time, in a folder of its own)"]
+        for what, group in groups:
+            lines += [f"-- {what}"] + summary_lines(group)
+        return "\n".join(lines)
+    return "\n".join(summary_lines(runs, target, test=True))
+
+
+def summary_lines(runs, target=None, test: bool = False) -> list:
+    """summary()'s table and statistics of runs of one setting, and its t-test if test."""
     lines = [f"{'run':<40} {'steps':>9} {'val_loss':>9} {'time':>10} {'tokens':>14} {'peak_mem':>10}  status"]
     for r in runs:
         step, loss, ms = r.final
@@ -231,14 +280,19 @@ def summary(paths, target) -> str:
     if not done:
         lines.append(f"runs:0 finished of {len(runs)}: no statistics (they cover runs that trained all their steps)")
     else:
-        left_out = f" ({len(runs) - len(done)} unfinished left out)" if len(done) < len(runs) else ""
+        diverged = sum(r.status == "diverged" for r in runs)
+        unfinished = len(runs) - len(done) - diverged
+        left_out = "".join(f" ({n} {what} left out)" for n, what in ((unfinished, "unfinished"), (diverged, "diverged"))
+                           if n)
         times = mean_pm([r.final[2] / 1000 for r in done], ".1f", "s")
         lines.append(f"runs:{len(done)} val_loss:{mean_pm(losses)} train_time:{times}{left_out}")
+    if not test:
+        return lines
     if target is None and not all(reads_fineweb(r) for r in runs):
         data = sorted({str(r.config.get("train_files")) for r in runs if not reads_fineweb(r)})
         lines.append(f"no t-test: these runs read {', '.join(data)}, not FineWeb, and 3.28 is FineWeb's target "
                      f"(pass --target LOSS to test against another, e.g. a proxy bench's before arm)")
-        return "\n".join(lines)
+        return lines
     target = 3.28 if target is None else target
     why_not = refusal(runs)
     p = None if why_not else t_test(losses, target)  # refusal(): every run finished, so losses are all of them
@@ -248,7 +302,7 @@ def summary(paths, target) -> str:
         lines.append(f"t-test: needs at least 2 runs (have {len(runs)})")
     else:
         lines.append(f"t-test mean<{target}: p={p:.4g} {'meets' if p < 0.01 else 'does not meet'} the p<0.01 rule")
-    return "\n".join(lines)
+    return lines
 
 
 def ratio_ci(a: list, b: list, level: float = 0.95):
@@ -276,6 +330,10 @@ def compare(a, b) -> str:
         why_not = refusal(runs)
         if why_not:
             raise ToolError(f"{path}: {why_not}")
+        groups = settings_groups(runs)
+        if len(groups) > 1:
+            raise ToolError(f"{path}: its runs have {len(groups)} different settings ({'; '.join(w for w, _ in groups)}):"
+                            f" an arm is one setting, its seeds; put each setting in an arm of its own")
         losses = [r.final[1] for r in runs]
         step_avg = mean_std([r.final[2] / r.final[0] for r in runs])[0]
         lines.append(f"{str(path):<50} runs:{len(runs)} val_loss:{mean_pm(losses)} "
@@ -452,7 +510,11 @@ def plot(paths, out: Path) -> str:
         ax.set_ylabel("val loss")
         ax.grid(alpha=0.3)
     finals = [r.final[1] for r in runs if r.status == "done"]
-    if finals:
+    kinds = len(settings_groups([r for r in runs if r.status == "done"])) if finals else 0
+    if kinds > 1:  # a smoke and a books run: their finals are not one population
+        end.set_title(f"finished runs of {kinds} different settings (not comparable): finals "
+                      f"{min(finals):.4f}..{max(finals):.4f}", fontsize=9)
+    elif finals:
         end.set_title(f"finished runs: best final {min(finals):.4f}, worst {max(finals):.4f}", fontsize=9)
     else:
         end.set_title("no finished run to zoom into", fontsize=9)
@@ -507,9 +569,9 @@ def readme(records_dir: Path = RECORDS) -> str:
     rows = []
     for d in sorted(p for p in records_dir.iterdir() if p.is_dir() and re.match(r"\d{4}-\d\d-\d\d_", p.name)):
         about = (d / "README.md").read_text().splitlines()[0].lstrip("# ") if (d / "README.md").exists() else ""
-        arms = [d] + sorted(p for p in d.iterdir() if p.is_dir() and find_logs([p]))
+        arms = [d] + sorted(p for p in d.iterdir() if p.is_dir() and find_logs([p], descend=False))
         for arm in arms:
-            runs, _ = load_runs([arm])
+            runs, _ = load_runs([arm], descend=False)
             if arm != d and not runs:
                 continue
             name = str(arm.relative_to(records_dir))

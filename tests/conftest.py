@@ -106,6 +106,9 @@ TINY = ("--device cpu --seq_len 128 --batch_seqs 2,4 --num_layers 4 --model_dim 
         "--val_seq_len 1024 --fp8_head 0 --fp8_mlp 0").split()
 
 
+GOLDEN_TOL = 0.005  # a tiny run's losses on other CPUs: twice the largest difference measured (test_training.py)
+
+
 def tiny_args(shards, tmp_path, *extra) -> list:
     return [*TINY, "--train_files", str(shards / "sample_train_*.bin"), "--val_files",
             str(shards / "sample_val_*.bin"), "--log_dir", str(tmp_path), *extra]

@@ -74,6 +74,13 @@ def test_check_reports_bad_shards(tmp_path, capsys):
     assert check.main([str(tmp_path / n) for n in ["good.bin", "big_id.bin", "cut.bin"]]) == 1
     out = capsys.readouterr().out
     assert out.count("BAD") == 2 and "truncated" in out and "ok   " in out
+    # a shard without a document start: the trainer refuses it, and so does the checker, in the trainer's words
+    write(tmp_path / "no_bos.bin", [5, 6, 7, 8])
+    assert check.main([str(tmp_path / "no_bos.bin")]) == 1
+    said = capsys.readouterr().out
+    with pytest.raises(tg.ShardFormatError) as trainer_says:
+        tg.TrainLoader(str(tmp_path / "no_bos.bin"), 2, 4, 0, 1)
+    assert said == f"BAD  {trainer_says.value}\n"
 
 
 @pytest.fixture
@@ -87,6 +94,7 @@ def fake_hub(monkeypatch):
         write(local_dir / filename, [tg.BOS_ID, 1, 2])
 
     monkeypatch.setattr(download, "hf_hub_download", fake)
+    monkeypatch.setattr(download, "hub_unreachable", lambda: "")
     return calls
 
 
@@ -101,13 +109,38 @@ def test_download_names_skips_valid_and_replaces_corrupt(tmp_path, fake_hub):
     assert tg.read_header(str(tmp_path / "fineweb_train_000002.bin")) == 3
 
 
-def test_download_offline_fails_plainly(tmp_path, monkeypatch, capsys):
-    def offline(**kwargs):
+def test_download_offline_fails_plainly_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """Offline, one line at once (no download tried, no folder made); a download that fails midway (the hub
+    library leaves its lock files inside --dir) is one line too, and leaves no folder, lock or partial file."""
+    tried = []
+    monkeypatch.setattr(download, "hub_unreachable", lambda: "URLError: Name or service not known")
+    monkeypatch.setattr(download, "hf_hub_download", lambda **kw: tried.append(kw))
+    dst = tmp_path / "new" / "fineweb"
+    assert download.main(["1", "--dir", str(dst)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot reach the Hugging Face hub") and err.count("\n") == 1 and not tried
+    assert not (tmp_path / "new").exists()
+
+    def fails_midway(local_dir, **kwargs):
+        lock = local_dir / ".cache" / "huggingface" / "download" / "fineweb_val_000000.bin.lock"
+        lock.parent.mkdir(parents=True)
+        lock.touch()
         raise requests.exceptions.ConnectionError("Name or service not known")
 
-    monkeypatch.setattr(download, "hf_hub_download", offline)
-    assert download.main(["1", "--dir", str(tmp_path)]) == 1
-    assert "could not download fineweb_val_000000.bin" in capsys.readouterr().err
+    monkeypatch.setattr(download, "hub_unreachable", lambda: "")
+    monkeypatch.setattr(download, "hf_hub_download", fails_midway)
+    assert download.main(["1", "--dir", str(dst)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: could not download fineweb_val_000000.bin") and err.count("\n") == 1, err
+    assert not (tmp_path / "new").exists()
+
+
+def test_an_out_folder_under_a_file_is_one_line(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(SystemExit, match="^error: --out .*: cannot make or write that folder \\(.*afile is a file, "
+                                         "not a folder\\): pass another$"):
+        tokenize_text.main(["--out", str(tmp_path / "afile" / "shards"), str(REPO / "data" / "sample" /
+                                                                          "books_val.jsonl")])
 
 
 def test_proxy_unpack_skips_valid_shards_and_replaces_bad_ones(tmp_path):
@@ -133,3 +166,36 @@ def test_proxy_without_its_shards_says_where_they_are(tmp_path):
     out = subprocess.run([sys.executable, str(REPO / "data" / "proxy.py"), "--src", str(tmp_path)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and out.stderr.startswith("error: no proxy_val")
+
+
+hellaswag = load_script("data_hellaswag", "data/hellaswag.py")
+
+
+def test_hellaswag_download_is_whole_or_absent(tmp_path, monkeypatch, capsys):
+    """data/hellaswag.py: offline, one line and nothing left (no folder, no partial file); a short file is
+    refused the same way; the whole split (here the fixture's items repeated to 10,042 lines) is written and
+    then kept."""
+    import io
+    import urllib.error
+    fixture = (REPO / "tests" / "hellaswag_fixture.jsonl").read_text().splitlines()
+    served = {}
+
+    def urlopen(url, timeout):
+        if "body" not in served:
+            raise urllib.error.URLError("[Errno -2] Name or service not known")
+        return io.BytesIO(served["body"])
+
+    monkeypatch.setattr(hellaswag.urllib.request, "urlopen", urlopen)
+    out = tmp_path / "new" / "hellaswag_val.jsonl"
+    assert hellaswag.main(["--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: could not get HellaSwag's validation split") and err.count("\n") == 1, err
+    assert not (tmp_path / "new").exists()
+    served["body"] = ("\n".join(fixture[:5]) + "\n").encode()
+    assert hellaswag.main(["--out", str(out)]) == 1
+    assert "5 lines, not 10042" in capsys.readouterr().err and not (tmp_path / "new").exists()
+    served["body"] = ("\n".join(fixture[i % len(fixture)] for i in range(10042)) + "\n").encode()
+    assert hellaswag.main(["--out", str(out)]) == 0
+    assert len(tg.hellaswag_items(str(out))) == 10042 and [p.name for p in out.parent.iterdir()] == [out.name]
+    served.clear()  # offline now: the valid file is kept, nothing fetched
+    assert hellaswag.main(["--out", str(out)]) == 0 and "present and valid" in capsys.readouterr().out

@@ -120,6 +120,22 @@ def test_summary_refuses_early_stopped_and_unfinished_runs(tmp_path):
         tool.compare(tmp_path, tmp_path)
 
 
+def test_a_run_whose_final_val_is_not_finite_is_never_averaged(tmp_path):
+    """A log that trained all its steps and ended at val nan (a divergence in the last steps) is set aside as
+    diverged: not averaged into nan+-nan, no t-test of it, and compare refuses it, naming it."""
+    for i, loss in enumerate([3.2790, 3.2795]):
+        fake_log(tmp_path / f"ok{i}.txt", [(0, 10.8, 0), (1695, loss, 170_000)])
+    fake_log(tmp_path / "nan.txt", [(0, 10.8, 0), (1695, float("nan"), 170_000)],
+             extra=["error: val loss is nan at step 1695: the run diverged"])
+    out = tool.summary([tmp_path], target=3.28)
+    assert "nan+-nan" not in out and "p=nan" not in out, out
+    assert "runs:2 val_loss:3.2793+-0.0004 train_time:170.0s+-0.0s (1 diverged left out)" in out, out
+    assert re.search(r"^nan\.txt .* diverged$", out, re.M), out
+    assert "t-test refused: nan.txt (nan at step 1695) diverged" in out
+    with pytest.raises(tool.ToolError, match="nan.txt \\(nan at step 1695\\) diverged"):
+        tool.compare(tmp_path, tmp_path)
+
+
 def test_a_resumed_log_reads_as_one_run(tmp_path):
     """Steps logged after the checkpoint and before the crash are replaced by the resumed run's."""
     log = fake_log(tmp_path / "r.txt", [(0, 10.8, 0), (500, 4.0, 50_000), (1000, 3.6, 100_000)], num_steps=1695)
@@ -236,7 +252,7 @@ def test_current_record_runs_the_current_recipe():
     scaled = {"num_steps", "extension_steps", "momentum_warmup_steps", "momentum_cooldown_steps"}
     own = {"train_files", "val_files", "val_tokens", "val_every", "warmup_steps", "seed", "log_dir", "run_id",
            "save_every", "keep_last", "resume", "profile_steps", "target_val_loss", "stop_at_target",
-           "micro_batch", "stop_at"}
+           "micro_batch", "stop_at", "eval_hellaswag"}
     defaults = fineweb_config()
     for r in runs:
         differ = {k for k, v in defaults.items() if k not in scaled | own and r.config.get(k) != v}
@@ -498,3 +514,34 @@ def test_stagebench_warm_only_writes_where_the_warm_up_went(sample_shards, tmp_p
     assert not (tmp_path / "stagebench.txt").exists() or "w:" not in (tmp_path / "stagebench.txt").read_text()
     refused = bench("--name", "x", "--warm_only", "--inductor", "no_such_setting=1")
     assert refused.returncode == 2 and "no_such_setting" in refused.stderr.strip().splitlines()[-1]
+
+
+def test_mutants_help_prints_its_usage_without_running_anything():
+    import subprocess
+    out = subprocess.run([sys.executable, str(REPO / "tests" / "mutants.py"), "--help"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("Break the code on purpose") and "SURVIVED" in out.stdout
+
+
+def test_runs_of_different_settings_are_never_averaged_together(tmp_path):
+    """A smoke run and a books run in one folder (different widths and step counts): summary gives each setting
+    its own line and no t-test; compare refuses an arm that mixes them; a record whose logs sit in arm subfolders
+    is summarized from them."""
+    smoke = json.loads(json.dumps(tg.dataclasses.asdict(tg.parse_args(["--preset", "smoke"]))))
+    books = json.loads(json.dumps(tg.dataclasses.asdict(tg.parse_args(["--preset", "books"]))))
+    (tmp_path / "mixed").mkdir()
+    for i, loss in enumerate([8.51, 8.52]):
+        fake_log(tmp_path / "mixed" / f"smoke_{i}.txt", [(0, 10.8, 0), (20, loss, 9_000)], config={**smoke, "seed": i})
+    fake_log(tmp_path / "mixed" / "books_0.txt", [(0, 10.8, 0), (120, 7.7, 180_000)], config=books)
+    out = tool.summary([tmp_path / "mixed"], target=None)
+    assert out.startswith("2 different settings among these runs") and "t-test" not in out.split("\n", 1)[1], out
+    assert "runs:2 val_loss:8.5150+-0.0071" in out and "runs:1 val_loss:7.7000 (one run)" in out, out
+    books_part = out.split("-- num_steps=120 model_dim=128")[1].split("\n-- ")[0]
+    assert re.search(r"^-- num_steps=20 model_dim=64 ", out, re.M) and "8.5150" not in books_part
+    assert "runs:1 val_loss:7.7000 (one run)" in books_part
+    with pytest.raises(tool.ToolError, match="its runs have 2 different settings"):
+        tool.compare(tmp_path / "mixed", tmp_path / "mixed")
+    record = tmp_path / "2026-01-01_rec"
+    (record / "arm").mkdir(parents=True)
+    fake_log(record / "arm" / "a.txt", [(0, 10.8, 0), (1695, 3.27, 170_000)])
+    assert "runs:1 val_loss:3.2700" in tool.summary([record], target=None)

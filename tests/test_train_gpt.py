@@ -784,6 +784,25 @@ def test_normuon_step_and_its_decay_follow_the_lr_schedule(factor):
         assert ((p.detach() - want).norm() / (w - want).norm()).item() < 1e-3, muon[id(p)]
 
 
+def test_normuon_uses_the_configured_second_moment_decay():
+    """NorMuon's second moment starts at 0 and decays by --muon_beta2: after one step it is (1 - beta2) times
+    the orthogonalized momentum's mean square, the same at any beta2 (the first step's direction does not
+    depend on it). Two optimizers at 0.5 and 0.8 fed the same grads hold states in the ratio 0.5 / 0.2 = 2.5;
+    one that used a fixed decay (0.95 before 2026-03-22) would hold equal states. (The step's direction itself
+    cannot tell: the rescaling to the orthogonalized norm cancels the decay in the first step.)"""
+    states = []
+    for beta2 in (0.5, 0.8):
+        cfg, model, opt = tiny_optimizer(muon_beta2=beta2)
+        gen = torch.Generator().manual_seed(5)
+        opt.adam_now = False
+        feed(opt, {p: torch.randn(p.shape, generator=gen) for p in model.parameters()})
+        opt.step(1.0, 0.9)
+        states.append([b.state["second"] for b in opt.buckets if b.kind == "muon"])
+    for a, b in zip(*states):
+        assert b.abs().min() > 0
+        torch.testing.assert_close(a / b, torch.full_like(a, 2.5), rtol=1e-5, atol=0)
+
+
 def test_normuon_takes_q_and_k_by_head_pair_v_and_o_whole(monkeypatch):
     """2026-04-08_PairedHeadMuon, written out from its README and its NorMuon: the rows of q's weights that
     feed one pair of heads (2 x head_dim of them) are one NorMuon matrix, and so for k; v's and o's weights are

@@ -17,7 +17,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import REPO, TINY, load_script, losses, make_sample_shards, tiny_args, tiny_run, write_shard  # first: repo on sys.path
+from conftest import (GOLDEN_TOL, REPO, TINY, load_script, losses, make_sample_shards, tiny_args,
+                      tiny_run, write_shard)  # first: repo on sys.path
 import train_gpt as tg  # noqa: E402
 
 GOLDEN = REPO / "tests" / "golden_tiny.json"
@@ -33,7 +34,7 @@ GOLDEN = REPO / "tests" / "golden_tiny.json"
 # (val): the tolerance is twice that, so that a laptop's CPU does not fail a correct tree.
 GOLDEN_ARGS = ["--num_steps", "16", "--val_every", "8", "--seed", "1", "--model_dim", "128", "--num_heads", "4",
                "--run_id", "golden"]
-GOLDEN_TOL = 0.005  # twice the largest difference measured between CPUs
+
 
 
 def golden_run(shards, tmp_path) -> tuple[dict, str]:
@@ -94,6 +95,25 @@ def test_each_step_trains_the_next_batch_though_read_ahead(sample_shards, tmp_pa
             assert trainer.ahead[0] == step + 1 and tg.data_position(trainer) == reference.state()
     assert trainer.ahead is None and tg.data_position(trainer) == reference.state()
     assert len(seen) == len(want) and all(torch.equal(a, b) for a, b in zip(seen, want))
+    tg.release_lock(trainer.lock)
+
+
+def test_a_batch_read_ahead_for_one_step_is_never_trained_by_another(sample_shards, tmp_path):
+    """After step 0 has read step 1's batch ahead (2 sequences, documents clipped at 40), a jump to the step where
+    the batch grows (4 sequences, clipped at 90: a stage bench crossing a stage) gets that step's own batch, as a
+    fresh loader reads it after step 0's, not the one read ahead."""
+    trainer = tg.build(tg.parse_args(tiny_args(sample_shards, tmp_path, "--run_id", "r", "--num_steps", "10",
+                                               "--max_doc_len", "40,90,90")))
+    cfg = trainer.cfg
+    grows = next(s for s in range(cfg.num_steps) if tg.batch_seqs_at(s, cfg) > tg.batch_seqs_at(0, cfg))
+    assert tg.max_doc_len_at(grows, cfg) != tg.max_doc_len_at(1, cfg)
+    tg.train_step(trainer, 0)
+    assert trainer.ahead[0] == 1
+    reference = tg.TrainLoader(cfg.train_files, cfg.seq_len, min(cfg.max_doc_len), 0, 1)
+    reference.next_batch(tg.batch_seqs_at(0, cfg), tg.max_doc_len_at(0, cfg))
+    want = torch.stack(reference.next_batch(tg.batch_seqs_at(grows, cfg), tg.max_doc_len_at(grows, cfg)))
+    got = torch.cat(tg.batch_for(trainer, grows))
+    assert torch.equal(got, want)
     tg.release_lock(trainer.lock)
 
 
@@ -909,8 +929,9 @@ def test_fp8_mlp_weights_follow_each_optimizer_step(sample_shards, tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_fp8_relu_square_kernel_matches_the_reference():
     """The fused kernel's FP8 forward at the training shape (16,384 tokens, dim 768) against fp8_mlp_reference
-    and against the torch path of the same op (torch._scaled_mm, then ReLU^2): post equal but for the fp32
-    sums' order (99% of values), output and grads as close to the reference as bf16 rounding allows."""
+    and against the torch path of the same op (torch._scaled_mm, then ReLU^2): post as close to the torch
+    path's as bf16's rounding (both sum in Hopper's fast FP8 accumulation, in their own orders), output and
+    grads as close to the reference as bf16 rounding allows."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(2, 8192, 768, device="cuda", generator=gen).bfloat16().requires_grad_()
     fc_w, proj_w = ((torch.randn(3072, 768, device="cuda", generator=gen) * 0.02).bfloat16().requires_grad_()
@@ -921,11 +942,15 @@ def test_cuda_fp8_relu_square_kernel_matches_the_reference():
     tiles = [*tg.MLP_HOPPER_TILES[2], *tg.MLP_HOPPER_TILES[1]]
     out, post = tg.relu_square_mlp(x, fc_w, proj_w, tiles, x8.view(-1, 768), w8, scale)
     _, torch_post = tg.relu_square_mlp(x, fc_w, proj_w, [], x8.view(-1, 768), w8, scale)
-    assert (post == torch_post).float().mean().item() > 0.99
     want, want_post, want_grads = fp8_mlp_reference(x, fc_w, proj_w)
-    assert rel_err(post, want_post) < 1e-2 and rel_err(out, want) < 1e-2
-    for name, a, b in zip(("dx", "dfc", "dproj"), torch.autograd.grad(out, (x, fc_w, proj_w), g), want_grads(g)):
-        assert rel_err(a, b) < 1e-2, name
+    errs = {"post vs torch": rel_err(post, torch_post.double()), "torch post": rel_err(torch_post, want_post),
+            "post": rel_err(post, want_post), "out": rel_err(out, want),
+            "equal post": (post == torch_post).float().mean().item()}
+    errs.update({name: rel_err(a, b) for name, a, b in
+                 zip(("dx", "dfc", "dproj"), torch.autograd.grad(out, (x, fc_w, proj_w), g), want_grads(g))})
+    print(errs)
+    assert errs["post vs torch"] < 5e-3, errs
+    assert all(errs[k] < 1e-2 for k in ("torch post", "post", "out", "dx", "dfc", "dproj")), errs
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

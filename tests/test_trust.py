@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, load_script, losses, tiny_args, tiny_run, write_shard  # first: repo on sys.path
+from conftest import GOLDEN_TOL, REPO, load_script, losses, tiny_args, tiny_run, write_shard  # first: repo on sys.path
 import train_gpt as tg  # noqa: E402
 
 tool = load_script("records_tool", "records/tool.py")
@@ -69,21 +69,46 @@ def test_resume_appends_to_its_log_and_continues_bitwise(sample_shards, run6, tm
 
 
 @pytest.mark.parametrize("change,says", [
-    (["--num_steps", "8"], "num_steps: 6 in the checkpoint, 8 now"),
+    (["--num_steps", "8"], "num_steps: 6 in the checkpoint, 8 now. A resume keeps its run's settings: leave out "
+                           "--num_steps (only"),
     (["--batch_seqs", "8", "--muon_beta2", "0.8"], "batch_seqs: [2, 4] in the checkpoint, [8] now; muon_beta2: 0.9"),
     (["--model_dim", "128", "--head_dim", "64"], "head_dim: 32 in the checkpoint, 64 now; model_dim: 64"),
-    (["--train_files", "ELSEWHERE"], "train_files:"),
 ])
 def test_resume_refuses_a_changed_run(sample_shards, run6, tmp_path, change, says):
+    """Flags beside --resume that change the run are refused, named; given alone beside --resume, each one (the
+    run's other settings coming from the checkpoint), or with all the run's flags."""
     d, _ = run6
-    args = resume_args(sample_shards, tmp_path, "--resume", str(d / "r_step000003.pt"))
-    if change[0] == "--train_files":  # the same shards under another name: still another setting
-        shutil.copytree(sample_shards, tmp_path / "copy")
-        change = ["--train_files", str(tmp_path / "copy" / "sample_train_*.bin")]
-    with pytest.raises(SystemExit, match="belongs to another run") as e:
-        tg.main(args + change)
-    assert says in str(e.value) and "only log_dir, run_id, val_every" in str(e.value)
-    assert not list(tmp_path.glob("*.txt")), "a refused run leaves no log"
+    for args in (["--resume", str(d / "r_step000003.pt"), "--log_dir", str(tmp_path)],
+                 resume_args(sample_shards, tmp_path, "--resume", str(d / "r_step000003.pt"))):
+        with pytest.raises(SystemExit, match="belongs to another run") as e:
+            tg.main(args + change)
+        assert says in str(e.value) and "only log_dir, run_id, val_every" in str(e.value)
+        assert not list(tmp_path.glob("*.txt")), "a refused run leaves no log"
+
+
+def test_the_same_shards_at_another_path_resume_with_a_note(sample_shards, run6, tmp_path):
+    """The shards are compared by their fingerprints, not by the glob: a copy of the same shards in another folder
+    resumes (a note names both paths) and trains as run6 did; a val shard of other content at the same path is
+    refused, naming it."""
+    d, full = run6
+    shutil.copytree(sample_shards, tmp_path / "moved")
+    shutil.copytree(d, tmp_path / "r")
+    ckpt = tmp_path / "r" / "r_step000003.pt"
+    moved = ["--train_files", str(tmp_path / "moved" / "sample_train_*.bin"), "--val_files",
+             str(tmp_path / "moved" / "sample_val_*.bin")]
+    val = tmp_path / "moved" / "sample_val_000000.bin"
+    tokens = tg.load_shard(str(val)).copy()
+    tokens[10] = (tokens[10] + 1) % 50000
+    original = val.read_bytes()
+    write_shard(val, tokens)
+    with pytest.raises(SystemExit, match="shard sample_val_000000.bin \\(--val_files\\) is not the one the "
+                                         "checkpoint read: the same size, other content"):
+        tg.main(["--resume", str(ckpt), *moved])
+    val.write_bytes(original)
+    log = tg.main(["--resume", str(ckpt), *moved]).read_text()
+    note = next(line for line in log.splitlines() if line.startswith("note:same_shards_at_another_path"))
+    assert f"train_files:{sample_shards / 'sample_train_*.bin'}->{moved[1]}" in note
+    assert losses(log[len(full):]) == {s: v for s, v in losses(full).items() if s > 3}
 
 
 def test_resume_refuses_a_finished_run(sample_shards, run6, tmp_path):
@@ -93,10 +118,12 @@ def test_resume_refuses_a_finished_run(sample_shards, run6, tmp_path):
 
 
 
-def test_stop_at_pauses_with_a_checkpoint_and_the_resumed_run_is_the_uninterrupted_one(sample_shards, run6, tmp_path):
-    """--stop_at 4 (not a val or save step): a validation and a checkpoint at step 4, no summary; resumed without
-    it, the same losses and final weights as run6, which never paused, and a summary of the whole run (a
-    target of 20 is reached by step 0's validation, before the pause)."""
+def test_stop_at_pauses_with_a_checkpoint_and_the_resumed_run_is_the_uninterrupted_one(sample_shards, run6, tmp_path,
+                                                                                       capsys):
+    """--stop_at 4 (not a val or save step): a validation and a checkpoint at step 4, no summary, and the command
+    that goes on; resumed with --resume alone (the settings, the log and the run_id from the checkpoint), the same
+    losses and final weights as run6, which never paused, and a summary of the whole run (a target of 20 is
+    reached by step 0's validation, before the pause)."""
     d, full = run6
     target = ("--target_val_loss", "20")
     log = tg.main(resume_args(sample_shards, tmp_path, "--run_id", "r", "--save_every", "0", "--stop_at", "4", *target))
@@ -110,8 +137,11 @@ def test_stop_at_pauses_with_a_checkpoint_and_the_resumed_run_is_the_uninterrupt
                                 "--resume", str(tmp_path / "r_step000004.pt")))
     with pytest.raises(SystemExit, match="--stop_at 6 is not before the last step"):
         tg.main(resume_args(sample_shards, tmp_path, "--stop_at", "6"))
-    tg.main(resume_args(sample_shards, tmp_path, "--run_id", "r", "--resume", str(tmp_path / "r_step000004.pt"),
-                        *target))
+    out = capsys.readouterr().out  # the paused launch said how to go on, as a command that works as printed
+    assert f"go on with: python {os.path.relpath(REPO / 'train_gpt.py')} --resume {tmp_path / 'r_step000004.pt'}" in out
+    # alone but for a checkpoint at the end (save_every may change on resume): the run's settings, its log and its
+    # run_id come from the checkpoint
+    tg.main(["--resume", str(tmp_path / "r_step000004.pt"), "--save_every", "3"])
     text = log.read_text()
     assert losses(text) == losses(full)
     summary = dict(tool.PAIR.findall(text.rstrip().splitlines()[-1]))
@@ -462,6 +492,23 @@ def test_resume_refuses_data_that_changed(sample_shards, tmp_path):
     assert not (tmp_path / "d2.txt").exists()
 
 
+def test_a_shard_changed_near_either_end_is_caught_by_its_fingerprint(tmp_path):
+    """Real shards are 200 MB, larger than any prefix a shortcut could read: a 3 MB shard whose first or last
+    tokens change (the same size) no longer has the fingerprint a checkpoint recorded of it."""
+    tokens = np.random.default_rng(0).integers(0, 50000, 1_500_000)
+    path = tmp_path / "big_000001.bin"
+    write_shard(path, tokens)
+    then = [tg.shard_fingerprint(str(path))]
+    for at in (10, len(tokens) - 100):
+        changed = tokens.copy()
+        changed[at] += 1
+        write_shard(path, changed)
+        assert tg.data_changes("--train_files", "x", then, [tg.shard_fingerprint(str(path))]) == (
+            "shard big_000001.bin (--train_files) is not the one the checkpoint read: the same size, other content"), at
+    write_shard(path, tokens)
+    assert tg.data_changes("--train_files", "x", then, [tg.shard_fingerprint(str(path))]) == ""
+
+
 def test_a_full_disk_gets_one_line_and_leaves_no_log_or_half_file(sample_shards, tmp_path, monkeypatch):
     real_save, calls = torch.save, []
 
@@ -652,11 +699,19 @@ def test_a_run_that_does_not_learn_stops_naming_a_healthy_checkpoint_that_prunin
     assert newest != Path(named) and not torch.load(newest, weights_only=True)["healthy"]
 
 
-def test_zero_learning_rates_are_not_called_a_divergence(sample_shards, tmp_path):
+@pytest.mark.parametrize("rates,says", [
+    (("0", "0"), "the learning rates are 0 (--muon_lr 0 --adam_lr 0; the record's: 0.023 and 0.008), so nothing trains"),
+    (("1e-9", "1e-9"), "the run is not learning, not diverging. Its learning rates are too low to move it "
+                       "(--muon_lr 1e-09 --adam_lr 1e-09; the record's: 0.023 and 0.008): raise them"),
+])
+def test_learning_rates_too_low_to_learn_are_not_called_a_divergence(sample_shards, tmp_path, rates, says):
+    """A loss that stays at a uniform guess's with weights that stayed in range (here: rates of 0, or a millionth
+    of the record's) is not a divergence, and lower rates would not help: the message says what it is."""
     with pytest.raises(SystemExit) as e:
-        tiny_run(sample_shards, tmp_path, "--num_steps", "10", "--batch_seqs", "1", "--muon_lr", "0", "--adam_lr", "0")
-    assert "the learning rates are 0 (--muon_lr 0 --adam_lr 0), so nothing trains" in str(e.value)
-    assert "diverged" not in str(e.value)
+        tiny_run(sample_shards, tmp_path, "--num_steps", "10", "--batch_seqs", "1", "--muon_lr", rates[0],
+                 "--adam_lr", rates[1])
+    assert says in str(e.value)
+    assert "diverged" not in str(e.value) and "lower learning rates" not in str(e.value)
 
 
 def test_checkpoints_are_checked_when_read(sample_shards, run6, tmp_path):
@@ -851,16 +906,22 @@ def test_interrupts_and_sigterm_are_one_line(sample_shards, tmp_path, monkeypatc
     assert signal.getsignal(signal.SIGTERM) == handler  # main() puts the handler back
 
 
-def test_ctrl_c_while_torch_imports_is_one_line(tmp_path):
-    proc = subprocess.Popen([sys.executable, str(REPO / "train_gpt.py"), "--device", "cpu"], stderr=subprocess.PIPE,
-                            text=True)
+@pytest.mark.parametrize("sig,how", [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "terminated (SIGTERM)")])
+def test_ctrl_c_or_sigterm_while_torch_imports_is_one_line(sample_shards, tmp_path, sig, how):
+    """Ctrl-C or SIGTERM half a second after launch, while torch imports: one line, exit 1, and no log folder,
+    log or lock left behind (SIGTERM used to end the process silently with 143)."""
+    logs = tmp_path / "logs"
+    proc = subprocess.Popen([sys.executable, str(REPO / "train_gpt.py"), *tiny_args(sample_shards, logs)],
+                            stderr=subprocess.PIPE, text=True)
     time.sleep(0.5)  # importing torch takes seconds
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     err = proc.communicate(timeout=60)[1]
     # where the 0.5 s fell (importing torch takes 1-2 s here) decides which of the two lines it is
-    assert proc.returncode == 1 and err in ("error: interrupted while starting (importing torch)\n",
-                                            "error: interrupted before the first step (while starting or compiling): "
-                                            "no step was trained\n"), err
+    assert proc.returncode == 1 and err in (f"error: {how} while starting (importing torch): nothing was trained or "
+                                            f"written\n",
+                                            f"error: {how} before the first step (while starting or compiling): "
+                                            f"no step was trained\n"), err
+    assert not logs.exists()
 
 
 @pytest.mark.parametrize("argv,says", [
@@ -937,7 +998,16 @@ def test_the_quick_start_runs_on_a_fresh_copy(tmp_path):
     tokenize, smoke, sample, plot = out
     assert "sample_val_000000.bin: 16,384 tokens" in tokenize and "summary:20/20_steps" in smoke
     assert sample.startswith("It was a dark night") and len(sample.split()) > 6
-    assert re.search(r"wrote curve.png \(1 run\(s\); val loss axis 8\.\d+\.\.10\.\d+", plot), plot
+    assert re.search(r"wrote logs/curve.png \(1 run\(s\); val loss axis 8\.\d+\.\.10\.\d+", plot), plot
+    assert not (repo / "curve.png").exists()  # the plot goes under logs/, which git ignores
+    # the README's figures are this code's: its val losses and final val within the golden curve's tolerance
+    readme = (REPO / "README.md").read_text()
+    said = [float(v) for v in re.search(r"val lines at steps 0, 10 and 20 \(([\d.]+), ([\d.]+), ([\d.]+)\)",
+                                        readme).groups()]
+    got = [float(v) for v in re.findall(r"^step:(?:0|10|20)/20 val_loss:(\S+)", smoke, re.M)]
+    assert len(got) == 3 and all(abs(a - b) <= 0.005 + GOLDEN_TOL for a, b in zip(said, got)), (said, got)
+    final = float(re.search(r"summary:20/20_steps final_val:([\d.]+)", readme).group(1))
+    assert abs(final - float(re.search(r"final_val:(\S+)", smoke).group(1))) <= GOLDEN_TOL
 
 
 def test_a_micro_batch_longer_than_every_shard_says_so(sample_shards, tmp_path):
@@ -1114,3 +1184,33 @@ def test_the_memory_check_counts_the_parameters_the_model_has(flags):
         model = tg.GPT(cfg)
     bf16, fp32 = (sum(p.numel() for p in model.parameters() if p.dtype == dt) for dt in (torch.bfloat16, torch.float32))
     assert tg.parameter_counts(cfg) == (bf16, fp32)
+
+
+# ---- round five (issue 64)
+
+def test_profile_steps_on_cpu_say_the_profile_needs_cuda(sample_shards, tmp_path):
+    """--profile_steps on CPU used to be ignored without a word: the log says why there is no profile."""
+    log = tiny_run(sample_shards, tmp_path, "--num_steps", "2", "--profile_steps", "1,2", "--run_id", "p")
+    assert "note:profile_steps_ignored why:the_profile_times_GPU_kernels:_it_needs_CUDA" in log.splitlines()
+    assert not list(tmp_path.glob("*profile*"))
+
+
+def test_a_failed_log_write_names_the_cause_the_system_gave(tmp_path, monkeypatch):
+    """A log removed under a running run, and a file system turned read-only, are not a full disk: each failed
+    append names its own cause and what to do, and only a full disk says to free space."""
+    log = tmp_path / "r.txt"
+    log.write_text("x\n")
+    log.unlink()  # the log deleted mid-run
+    with pytest.raises(tg.UserError, match="No such file or directory\\): the file or its folder was removed") as e:
+        tg.append_line(log, "step:1", "ck.pt")
+    assert "free disk space" not in str(e.value) and "resume from the newest checkpoint, ck.pt" in str(e.value)
+    log.write_text("x\n")
+    for code, says in ((errno.EROFS, "the file system is read-only: make it writable or point --log_dir at another"),
+                       (errno.ENOSPC, "free disk space")):
+        def refuse(*a, code=code):
+            raise OSError(code, os.strerror(code))
+        monkeypatch.setattr(tg.os, "write", refuse)
+        with pytest.raises(tg.UserError, match=re.escape(f"({os.strerror(code)}): {says}")):
+            tg.append_line(log, "step:1")
+    monkeypatch.undo()
+    assert log.read_text() == "x\n"
