@@ -226,8 +226,9 @@ class Hyperparameters:
     batch_seqs: tuple = H((8, 16, 24), "micro-batches per step, one value per equal part of the scheduled steps: "
                                        "8, 16, 24 x 16,384 = 131K, 262K, 393K tokens (record)")
     micro_batch: int = H(0, "sequences per forward pass, dividing each stage's sequences per process: the same "
-                            "training (only rounding moves), fewer passes for more memory. 0 = auto: "
-                            f"the first of {AUTO_MICRO_BATCHES} that divides them, else 1")
+                            "training (only rounding moves), fewer passes for more memory. 0 = auto: the first of "
+                            f"{AUTO_MICRO_BATCHES} and 1 that divides them and, on a GPU, fits its free memory by an "
+                            "estimate (a note says which)")
     # schedule
     num_steps: int = H(1390, "optimizer steps: 1380 scheduled + 10 extension (record 2026-05-19_FP8MLPUpProj: 5 "
                              "more than its base; the speedrun's master with it, the bigram sign trick, XSA and "
@@ -2414,10 +2415,53 @@ def setup(cfg: Hyperparameters):
 
 def micro_batch(cfg: Hyperparameters, world: int) -> int:
     """Sequences per forward pass: --micro_batch, or for 0 the first of AUTO_MICRO_BATCHES that divides every
-    stage's sequences per process, else 1."""
+    stage's sequences per process, else 1 (micro_batch_choice: and that fits a GPU's free memory)."""
+    return micro_batch_choice(cfg, world)[0]
+
+
+# one GPU's peak at the default recipe, measured on an H100 (allocated, not reserved): 32,070 MiB at four 16,384-token
+# sequences per pass (records/2026-12-07_fp8sign-h100), 19,537 MiB at two (records/2026-12-07_cap24-h100): 6,267 MiB
+# a sequence and 7,004 MiB besides. Other settings scale them: a sequence's share by its tokens x width x depth, the
+# rest by the parameters
+PEAK_SEQ_MIB, PEAK_REST_MIB = 6267, 7004
+PEAK_MARGIN = 0.9  # of the free memory: the allocator reserves more than it hands out (33.6 GiB for 32.1)
+
+
+def estimated_peak(cfg: Hyperparameters, per_pass: int) -> float:
+    """Bytes of GPU memory a process of these settings peaks at with per_pass sequences a pass: an estimate."""
+    ref = Hyperparameters()
+    seq = PEAK_SEQ_MIB * (cfg.seq_len * cfg.model_dim * cfg.num_layers) / (ref.seq_len * ref.model_dim * ref.num_layers)
+    rest = PEAK_REST_MIB * sum(parameter_counts(cfg)) / sum(parameter_counts(ref))
+    return (rest + per_pass * seq) * 2**20
+
+
+def micro_batch_choice(cfg: Hyperparameters, world: int, free: float = None) -> tuple[int, str]:
+    """(sequences per pass, why auto chose it, as a log note, or ''): --micro_batch, or for 0 the largest of
+    AUTO_MICRO_BATCHES and 1 that divides every stage's sequences per process and, given the GPU's free bytes,
+    whose estimated peak fits them (PEAK_MARGIN); the smallest that divides if none does."""
     if cfg.micro_batch:
-        return cfg.micro_batch
-    return next((b for b in AUTO_MICRO_BATCHES if all(n // world % b == 0 for n in cfg.batch_seqs)), 1)
+        return cfg.micro_batch, ""
+    divides = [b for b in (*AUTO_MICRO_BATCHES, 1) if all(n // world % b == 0 for n in cfg.batch_seqs)]
+    if free is None:
+        return divides[0], ""
+    gib = lambda b: f"{estimated_peak(cfg, b) / 2**30:.1f}GiB"
+    fits = [b for b in divides if estimated_peak(cfg, b) <= PEAK_MARGIN * free]
+    chosen = fits[0] if fits else divides[-1]
+    bigger = [b for b in divides if b > chosen]
+    why = (f"peak_near_{gib(chosen)}_(an_estimate)_of_{free / 2**30:.1f}GiB_free" if fits else
+           f"even_{chosen}_a_pass_may_not_fit:_near_{gib(chosen)}_(an_estimate)_of_{free / 2**30:.1f}GiB_free")
+    if bigger:
+        why += f";_{bigger[-1]}_a_pass_would_peak_near_{gib(bigger[-1])}"
+    return chosen, log_line(note="micro_batch_auto", chose=chosen, why=why)
+
+
+def gpu_free_bytes(device: torch.device) -> float:
+    """What this process may still allocate on the GPU: its free memory, under the cap a
+    torch.cuda.set_per_process_memory_fraction put on this process (a 24 GiB card played on a larger one)."""
+    free, total = torch.cuda.mem_get_info(device)
+    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    cap = get_fraction(device) * total if get_fraction else total
+    return min(free, cap - torch.cuda.memory_reserved(device))
 
 
 STATE_BYTES = 20  # per parameter beside itself: its share of the flat fp32 copy and grad, two fp32 states, a sum
@@ -2510,6 +2554,8 @@ def build(cfg: Hyperparameters) -> Trainer:
     try:  # a failure from here on drops the lock
         train_loader, val_tokens = load_data(cfg, rank, world)
         check_memory(cfg, device)
+        per_pass, why = micro_batch_choice(cfg, world, gpu_free_bytes(device) if device.type == "cuda" else None)
+        notes += [why] if why else []
         torch.manual_seed(cfg.seed)
         model = GPT(cfg, kernels).to(device)
         init_max_abs = max(p.detach().abs().max().item() for p in model.parameters())
@@ -2517,8 +2563,7 @@ def build(cfg: Hyperparameters) -> Trainer:
         model.grad_sinks = opt.row_sinks([t.weight for t in model.tables()])
         model.use_weight_copies(opt.weight_copies(torch.bfloat16))
         trainer = Trainer(cfg, comm, device, model, opt, train_loader, val_tokens, run_id, log_path,
-                          Stopwatch(device), kernels, micro_batch=micro_batch(cfg, world), lock=lock,
-                          init_max_abs=init_max_abs)
+                          Stopwatch(device), kernels, micro_batch=per_pass, lock=lock, init_max_abs=init_max_abs)
         if ckpt is not None:
             notes += restore(trainer, ckpt)
         if cfg.compile and device.type == "cuda":

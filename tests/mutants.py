@@ -486,6 +486,9 @@ MUTANTS = {
     "--generate --help fails for want of a checkpoint": ("train_gpt.py", [
         ('    if "-h" in argv or "--help" in argv:\n        parser.print_help()', '    if False:\n        parser.print_help()')],
         ["tests/test_generate.py::test_each_mode_has_its_help_and_the_main_help_names_them"]),
+    "auto micro_batch ignores the GPU's free memory": ("train_gpt.py", [
+        ("    fits = [b for b in divides if estimated_peak(cfg, b) <= PEAK_MARGIN * free]", "    fits = divides")],
+        ["tests/test_train_gpt.py::test_auto_micro_batch_fits_the_gpus_free_memory"]),
 }
 
 
