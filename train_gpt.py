@@ -2111,6 +2111,21 @@ def load_shard(path: str) -> np.ndarray:
     return tokens
 
 
+def missing_folders(folder: Path) -> list:
+    """folder and those of its parents that do not exist yet, deepest first: what a data script that makes
+    folder has made, for remove_empty to take back after a failed download."""
+    return [p for p in [folder, *folder.parents] if not p.exists()]
+
+
+def remove_empty(folders: list):
+    """Remove each of folders (deepest first) while they are empty: a failed download leaves no folder behind."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
 def load_train_shard(path: str) -> np.ndarray:
     """load_shard's tokens, of a shard the trainer can cut into documents: at least one document start
     (<|endoftext|>, before every document). The trainer's rule for its train shards, and data/check.py's."""

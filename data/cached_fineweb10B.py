@@ -18,7 +18,7 @@ from huggingface_hub import constants, hf_hub_download
 from huggingface_hub.utils import logging as hub_logging
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from train_gpt import is_shard, read_header  # noqa: E402
+from train_gpt import is_shard, missing_folders, read_header, remove_empty  # noqa: E402
 
 REPO_ID = "kjj0/fineweb10B-gpt2"   # 100M-token shards: fineweb_val_000000.bin, fineweb_train_000001.bin, ...
 DEFAULT_DIR = Path(__file__).resolve().parent / "fineweb10B"
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 1
     hub_logging.set_verbosity_error()  # one line of ours per shard, not the library's retry warnings
-    made = [p for p in [args.dir, *args.dir.parents] if not p.exists()]
+    made = missing_folders(args.dir)
     cache = args.dir / ".cache"  # the hub library's locks and metadata inside --dir
     cache_existed = cache.exists()
     args.dir.mkdir(parents=True, exist_ok=True)
@@ -83,11 +83,7 @@ def main(argv=None) -> int:
         except OSError as e:  # no route to the hub: huggingface_hub and requests errors are OSErrors
             if not cache_existed:
                 shutil.rmtree(cache, ignore_errors=True)
-            for folder in made:  # the folders this launch made, if they are still empty
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break
+            remove_empty(made)
             print(f"error: could not download {name} from the Hugging Face hub ({type(e).__name__}: "
                   f"{str(e).splitlines()[0][:200] if str(e) else 'no reason given'}). {OFFLINE_HINT}",
                   file=sys.stderr)

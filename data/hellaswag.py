@@ -15,6 +15,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from train_gpt import missing_folders, remove_empty  # noqa: E402
+
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 ITEMS = 10042
 DEFAULT_OUT = Path(__file__).resolve().parent / "hellaswag" / "hellaswag_val.jsonl"
@@ -43,7 +46,7 @@ def main(argv=None) -> int:
     if args.out.exists() and not problem(args.out):
         print(f"{args.out}: present and valid ({ITEMS:,} items): nothing to download")
         return 0
-    made = [p for p in [args.out.parent, *args.out.parent.parents] if not p.exists()]
+    made = missing_folders(args.out.parent)
     tmp = args.out.with_name(f".{args.out.name}.{os.getpid()}.tmp")
     why = ""
     try:
@@ -59,11 +62,7 @@ def main(argv=None) -> int:
     finally:
         tmp.unlink(missing_ok=True)
     if why:
-        for folder in made:  # the folders this launch made, if they are still empty
-            try:
-                folder.rmdir()
-            except OSError:
-                break
+        remove_empty(made)
         print(f"error: could not get HellaSwag's validation split from {args.url} ({why}). Check the network, or "
               f"download the file elsewhere and pass it to train_gpt.py --hellaswag_file", file=sys.stderr)
         return 1
