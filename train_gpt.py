@@ -2649,8 +2649,7 @@ def not_learning(trainer: Trainer, what: str) -> UserError:
     HEALTHY_GROWTH times their largest at initialization (a huge learning rate), else a run that is not
     learning: learning rates of 0, or far below the record's, or data or settings that cannot train."""
     cfg, record = trainer.cfg, Hyperparameters()
-    largest = max(p.detach().abs().max().item() for p in trainer.model.parameters())
-    if largest > HEALTHY_GROWTH * trainer.init_max_abs:
+    if blew_up(trainer.model.parameters(), trainer.init_max_abs):
         return diverged(trainer, what)
     rates = f"--muon_lr {cfg.muon_lr:g} --adam_lr {cfg.adam_lr:g}; the record's: {record.muon_lr} and {record.adam_lr}"
     if cfg.muon_lr == 0 and cfg.adam_lr == 0:
@@ -3281,8 +3280,14 @@ def healthy(trainer: Trainer, ckpt: dict, loss: float) -> bool:
     uniform, step = math.log(trainer.cfg.vocab_size), ckpt["step"] + 1
     if not (loss <= uniform + HEALTHY_MARGIN and not (step >= trainer.learning_by_step and loss > uniform - 0.01)):
         return False
-    largest = max(t.abs().max().item() for t in ckpt["model"].values() if t.is_floating_point() and t.numel())
-    return largest <= HEALTHY_GROWTH * trainer.init_max_abs
+    return not blew_up(ckpt["model"].values(), trainer.init_max_abs)
+
+
+def blew_up(weights, init_max_abs: float) -> bool:
+    """Whether any of these weights grew past HEALTHY_GROWTH times the largest at initialization: what tells a
+    run blown up by a huge learning rate (its capped loss can stay sane) from one that is merely not learning."""
+    largest = max(t.detach().abs().max().item() for t in weights if t.is_floating_point() and t.numel())
+    return largest > HEALTHY_GROWTH * init_max_abs
 
 
 def save_checkpoint(trainer: Trainer, loss: float = None):
@@ -3416,10 +3421,12 @@ def model_from_checkpoint(path: str, device: torch.device, use: str) -> tuple:
 
 def log_beside(path: str) -> str:
     """For a file that is not a checkpoint: the run's checkpoints beside it, if it is a log of one."""
-    found = sorted(Path(path).parent.glob(f"{Path(path).stem}_step*.pt")) if Path(path).suffix == ".txt" else []
-    return (f". {path} is a run's log; its checkpoints: {', '.join(map(str, found[-3:]))}" if found else
-            f". {path} is a run's log, and no checkpoint of it is beside it (--save_every K writes them)"
-            if Path(path).suffix == ".txt" else "")
+    if Path(path).suffix != ".txt":
+        return ""
+    found = sorted(Path(path).parent.glob(f"{Path(path).stem}_step*.pt"))
+    if not found:
+        return f". {path} is a run's log, and no checkpoint of it is beside it (--save_every K writes them)"
+    return f". {path} is a run's log; its checkpoints: {', '.join(map(str, found[-3:]))}"
 
 
 def generate(argv) -> str:

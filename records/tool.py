@@ -27,7 +27,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from train_gpt import (MASK_BLOCK, SOURCE_END, batch_seqs_at, hyperparameters_from,  # noqa: E402
+from train_gpt import (MASK_BLOCK, RESUME_FREE, SOURCE_END, batch_seqs_at, hyperparameters_from,  # noqa: E402
                        windows_at)
 
 RECORDS = REPO / "records"
@@ -227,10 +227,9 @@ def reads_fineweb(run: Run) -> bool:
     return "fineweb" in str(run.config.get("train_files", "")).lower() or "batch_tokens" in run.config
 
 
-# settings that are a run's own, not its recipe: runs that differ only in these are the same experiment
-RUN_OWN = {"seed", "run_id", "log_dir", "resume", "save_every", "keep_last", "profile_steps", "stop_at",
-           "warmup_steps", "val_every", "target_val_loss", "stop_at_target", "micro_batch", "compile",
-           "compile_scope", "flex_tiles", "mlp_kernel", "eval_hellaswag"}
+# settings that are a run's own, not its recipe: runs that differ only in these are the same experiment. Those a
+# resume may change (train_gpt's RESUME_FREE) but the data, and the seed and how it compiles
+RUN_OWN = (set(RESUME_FREE) - {"train_files", "val_files"}) | {"seed", "compile", "compile_scope"}
 
 
 def settings_groups(runs) -> list:

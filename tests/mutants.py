@@ -428,10 +428,10 @@ MUTANTS = {
         ("        f.seek(max(FINGERPRINT_BYTES, size - FINGERPRINT_BYTES))\n        digest.update(f.read())\n", "")],
         ["tests/test_trust.py::test_a_shard_changed_near_either_end_is_caught_by_its_fingerprint"]),
     "learning rates too low to learn called a divergence": ("train_gpt.py", [
-        ("    if largest > HEALTHY_GROWTH * trainer.init_max_abs:", "    if True:")],
+        ("    if blew_up(trainer.model.parameters(), trainer.init_max_abs):", "    if True:")],
         ["tests/test_trust.py::test_learning_rates_too_low_to_learn_are_not_called_a_divergence"]),
     "a blown-up run called not learning": ("train_gpt.py", [
-        ("    if largest > HEALTHY_GROWTH * trainer.init_max_abs:", "    if False:")],
+        ("    if blew_up(trainer.model.parameters(), trainer.init_max_abs):", "    if False:")],
         ["tests/test_trust.py::test_a_run_that_does_not_learn_stops_naming_a_healthy_checkpoint_that_pruning_kept"]),
     "a removed log or a read-only disk called a full disk": ("train_gpt.py", [
         ("    return {errno.ENOSPC: ", "    return {}.get(0, 'free disk space') or {errno.ENOSPC: ")],
@@ -489,6 +489,14 @@ MUTANTS = {
     "auto micro_batch ignores the GPU's free memory": ("train_gpt.py", [
         ("    fits = [b for b in divides if estimated_peak(cfg, b) <= PEAK_MARGIN * free]", "    fits = divides")],
         ["tests/test_train_gpt.py::test_auto_micro_batch_fits_the_gpus_free_memory"]),
+    "weights grown 1000-fold never count as blown up": ("train_gpt.py", [
+        ("    return largest > HEALTHY_GROWTH * init_max_abs", "    return False")],
+        ["tests/test_trust.py::test_a_checkpoint_is_healthy_only_if_its_weights_are",
+         "tests/test_trust.py::test_a_run_that_does_not_learn_stops_naming_a_healthy_checkpoint_that_pruning_kept"]),
+    "summary groups runs by their seeds too": ("records/tool.py", [
+        ('RUN_OWN = (set(RESUME_FREE) - {"train_files", "val_files"}) | {"seed", "compile", "compile_scope"}',
+         'RUN_OWN = set(RESUME_FREE) - {"train_files", "val_files"}')],
+        ["tests/test_records.py::test_runs_of_different_settings_are_never_averaged_together"]),
 }
 
 
