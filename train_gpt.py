@@ -45,9 +45,11 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #            paired-head attention on layers 0, 2, 5, 9 ...................... Attention, paired_positions
 #                                                                               (2026-01-07_PairedHeadAttention)
 #            bigram hash embedding added to every layer ...................... bigram_hash (2026-01-19)
-#              a quarter as wide (192), 3x the rows (15 x 50,304), each row     bigram_width, bigram_sign_rows,
-#              times a fixed random +-1 row picked by (previous token xor     GPT.core, add_to_first_dims
-#              token) mod 8192; it joins the stream's first dims, x0's too .. (2026-05-20_BigramsSignTrick)
+#              each row times a fixed random +-1 row picked by (previous      bigram_sign_rows, GPT.core,
+#              token xor token) mod 8192 ..................................... add_to_first_dims (2026-05-20_
+#                                                                               BigramsSignTrick; it made the table
+#                                                                               192 wide, 15 x 50,304 rows)
+#              768 wide, 7.5 x 50,304 rows ................................... bigram_width (2026-05-27 v3)
 #            one value-embedding table per layer that has one ................ Hyperparameters.value_embeds
 #                                                                               (2026-01-26-UntieValueEmbeddings)
 #            q, k, v and o all start uniform at std 0.5/sqrt(768), o not zero . ATTN_INIT_STD
@@ -64,10 +66,18 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #              mix x0 and layers 7, 9, 3 and the first value embedding into   (2026-04-22_MuddFormer, its v3;
 #              the stream; layer 9's also give layer 10 an addition to v, its  1405 + 10 steps)
 #              value-embedding gate and its stream weights, per token
-#            gated XSA: on layers 1, 3, 4, 7, 8, 10 (no paired heads) each     Attention.xsa_w, Attention.forward
-#              head's output less tanh(a) x its part along its own value .... (2026-05-07_XSAGatedLayers, the
+#            gated XSA: each head's output less tanh(a) x its part along its  Attention.forward, has_xsa
+#              own value ..................................................... (2026-05-07_XSAGatedLayers, the
 #                                                                               change of 2026-04-29's logs too;
 #                                                                               1375 + 10)
+#            the MUDD gate: two small MLPs, on x0 and on the stream entering  MuddGate, gate_layout, HeadGates,
+#              layer 4, make per token XSA's shares (layers 1, 3, 4, 7 now),  GPT.run_blocks
+#              the output gates (layers 3 and 10 only, no sigmoid), x0's and  (2026-05-27-MuddGatedAndDC, its
+#              the bigram's shares and the skip's weight; x0 no longer holds   v3; 1275 + 15 steps)
+#              layer 0's bigram share
+#            lightweight DC on layer 10: each head adds b_h (A @ v_h), A the  dc_correction, Hyperparameters.dc_*
+#              heads' softmaxes over the last 112 tokens mixed by a_h; a and  (2026-05-27-MuddGatedAndDC v3)
+#              b from the MUDD gate
 #            attention output gates, ReLU^2, QK-norm, RoPE on half the dims .. Attention, MLP, norm_rotary_qk
 #              ReLU^2 in its matmul's epilogue on H100/H200 ................... relu_square_mlp
 #                                                                               (2026-01-10_FusedLinearReLUSquare)
@@ -94,6 +104,7 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #            2026-02-23_CrossEntropyKernel, 2026-02-28_TransposeCopyBackward, 2026-04-04_FuseCEFwdAndBwd (the
 #            head's kernels), 2026-03-22_VarlenMaxDocs' document-count buffers (FlashAttention-3's varlen input;
 #            its Muon beta2 is ported)
+#   skipped: 2026-05-27-MuddGatedAndDC's v1 and v2 (its v3 is the one submitted, and ported)
 #   left out: 2026-02-10_ShortWindow's short windows of 2 blocks in the third stage: the records after it
 #            (2026-02-12 on) keep 5, as here. The speedrun's master that joined 2026-05-07's XSA with MUDD (the
 #            1385-step baseline of 2026-05-27-MuddGatedAndDC) also re-parametrized MUDD (one MLP of 14 outputs at
@@ -123,6 +134,9 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #     of every sequence takes the sign table's row 0, as the record's first token of each GPU's sequence does.
 #   - The bigram sign table is drawn after every other weight (the record draws it beside the bigram table):
 #     another random table of the same rule, and the other weights start as they did before it.
+#   - DC's correction is its own pass after Flex (dc_correction; on the GPU the dc_mix op's kernels of ours), where
+#     the record's kernel adds it to FlashAttention-3's output: the same function, checked against a brute force
+#     in float64 (the torch rule) and against the rule (the kernels).
 
 # ----------------------------------------------------------------------------------------------------------
 # Imports
@@ -152,7 +166,7 @@ import weakref
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 
 HELD_SIGNALS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated (SIGTERM)"}
@@ -230,11 +244,10 @@ class Hyperparameters:
                             f"{AUTO_MICRO_BATCHES} and 1 that divides them and, on a GPU, fits its free memory by an "
                             "estimate (a note says which)")
     # schedule
-    num_steps: int = H(1390, "optimizer steps: 1380 scheduled + 10 extension (record 2026-05-19_FP8MLPUpProj: 5 "
-                             "more than its base; the speedrun's master with it, the bigram sign trick, XSA and "
-                             "MUDD ran 1390)")
-    extension_steps: int = H(10, "the last steps, trained at the final lr, window and batch (record 2026-04-22; "
-                                 "40 before)")
+    num_steps: int = H(1290, "optimizer steps: 1275 scheduled + 15 extension (record 2026-05-27-MuddGatedAndDC, "
+                             "its v3; 1390 before it)")
+    extension_steps: int = H(15, "the last steps, trained at the final lr, window and batch (record 2026-05-27 v3; "
+                                 "10 from 2026-04-22, 40 before)")
     cooldown_frac: float = H(0.60, "last fraction of the scheduled steps over which lr falls linearly to 0.15x")
     lr_stage_scales: tuple = H((1.0, 1.52, 1.73), "lr multiplier in each part of the schedule, as batch_seqs "
                                                  "grows (record: (16/8)^0.6 and (24/8)^0.5, rounded)")
@@ -271,12 +284,27 @@ class Hyperparameters:
                               "output also subtracts a learned multiple of it (record 2025-10-04)")
     mudd: bool = H(True, "MUDD connections: the last layers mix earlier layers' outputs with per-token weights "
                          "(record 2026-04-22_MuddFormer)")
-    xsa: bool = H(True, "gated XSA: attention layers without paired heads take out a learned share of each head's "
-                        "output along its own value (record 2026-05-07_XSAGatedLayers)")
-    bigram_vocab: int = H(15 * 50304, "rows of the bigram hash embedding; 0 = none (record 2026-05-20_BigramsSignTrick: "
-                                      "15 x 50,304; 5 x before)")
+    xsa: bool = H(True, "gated XSA: the --xsa_layers take out a learned share of each head's output along its own "
+                        "value (record 2026-05-07_XSAGatedLayers)")
+    xsa_layers: tuple = H((1, 3, 4, 7), "layers with XSA, none with paired heads (record 2026-05-27 v3; 1, 3, 4, 7, "
+                                        "8, 10 before)")
+    mudd_gate: bool = H(True, "the MUDD gate: two small MLPs, one on x0 and one on the stream entering "
+                              "--mudd_gate_layer, make per token the XSA shares, the --attn_gate_layers' output "
+                              "gates, x0's and the bigram's shares, the skip's weight and DC's head mixes (record "
+                              "2026-05-27-MuddGatedAndDC v3); 0: learned constants, an output gate on every layer")
+    mudd_gate_layer: int = H(4, "the second gate reads the stream entering this layer and serves it and the layers "
+                                "after it; the first serves the layers before it (record: 4)")
+    attn_gate_layers: tuple = H((3, 10), "with --mudd_gate, the layers whose heads' outputs are scaled by a gate "
+                                         "(record 2026-05-27 v3: 3 and 10; every layer before)")
+    dc_layers: tuple = H((10,), "layers whose heads mix their attention weights over a short window, per token "
+                                "(lightweight DC, record 2026-05-27 v3); needs --mudd_gate, which makes the mixes; "
+                                "--dc_layers= for none")
+    dc_window: int = H(112, "DC's window in tokens, the query included, at most 128 (record: 112)")
+    bigram_vocab: int = H(50304 * 15 // 2, "rows of the bigram hash embedding; 0 = none (record 2026-05-27 v3: "
+                                           "377,280 = 7.5 x 50,304; 15 x from 2026-05-20, 5 x before)")
     bigram_dim: int = H(0, "width of the bigram embedding, added to the stream's first this many dims; 0 = "
-                           "model_dim / 4 (record 2026-05-20_BigramsSignTrick: 192 of 768)")
+                           "model_dim (record 2026-05-27 v3: 768; 2026-05-20: 192, which logs before this port "
+                           "wrote as 0)")
     bigram_signs: int = H(8192, "rows of a fixed random +-1 table that multiplies each position's bigram embedding, "
                                 "picked by (previous token xor token) mod rows, so that bigrams sharing a hash row "
                                 "can pull it different ways; 0 = none (record 2026-05-20_BigramsSignTrick)")
@@ -346,6 +374,8 @@ ADAM_GROUPS = {
     "xsa": AdamGroup(1.0, 0.0, (0.9, 0.95)),          # XSA's per-head shares (2026-05-07_XSAGatedLayers)
     "mudd": AdamGroup(0.25, 1.0, (0.9, 0.99)),        # MUDD's MLPs (2026-04-22_MuddFormer)
     "mudd_bias": AdamGroup(0.25, 0.0, (0.9, 0.99)),   # and their biases
+    "mudd_gate": AdamGroup(0.1, 1.0, (0.9, 0.99)),    # the MUDD gate's MLPs (2026-05-27-MuddGatedAndDC v3)
+    "mudd_gate_bias": AdamGroup(0.1, 0.0, (0.9, 0.99)),  # their biases and the gate's scale
 }
 
 
@@ -424,8 +454,9 @@ SAMPLE_SHARDS = Path(__file__).resolve().parent / "data" / "sample_shards"  # th
 _CPU = dict(device="cpu", train_files=str(SAMPLE_SHARDS / "sample_train_*.bin"),
             val_files=str(SAMPLE_SHARDS / "sample_val_*.bin"), num_layers=4, num_heads=2, head_dim=32, model_dim=64,
             long_window_layers=(0, 3), no_attn_layers=(1,), paired_head_layers=(2,), value_embeds=(-1, -1, 0, 1),
-            skip=(0, 2), backout_layer=1, windows=(2, 4), final_window=4, val_window=6, bigram_vocab=15 * 4096,
-            fp8_head=False, fp8_mlp=False, warmup_steps=0, val_seq_len=1024, val_tokens=8192)
+            skip=(0, 2), backout_layer=1, xsa_layers=(0,), mudd_gate_layer=2, attn_gate_layers=(0, 3), dc_layers=(3,),
+            windows=(2, 4), final_window=4, val_window=6, bigram_vocab=15 * 4096, fp8_head=False, fp8_mlp=False,
+            warmup_steps=0, val_seq_len=1024, val_tokens=8192)
 # named starting points for runs other than the record's; flags given beside --preset override it
 PRESETS = {
     "smoke": {**_CPU, "seq_len": 128, "batch_seqs": (1, 2), "num_steps": 20, "extension_steps": 1, "val_every": 10,
@@ -511,7 +542,7 @@ def check_config(cfg: Hyperparameters):
         if getattr(cfg, name) < 0:
             raise UserError(f"--{name} must be 0 or more (it is {getattr(cfg, name)})")
     if not 0 < bigram_width(cfg) <= cfg.model_dim:
-        raise UserError(f"--bigram_dim {cfg.bigram_dim} must be at most --model_dim {cfg.model_dim} (0: a quarter of it)")
+        raise UserError(f"--bigram_dim {cfg.bigram_dim} must be at most --model_dim {cfg.model_dim} (0: all of it)")
     if cfg.stop_at >= cfg.num_steps:
         raise UserError(f"--stop_at {cfg.stop_at} is not before the last step (--num_steps {cfg.num_steps}): "
                         f"leave it out to train to the end")
@@ -596,6 +627,32 @@ def check_layout(cfg: Hyperparameters):
         why = next((need for broken, need in unmet if broken), None)
         if why:
             raise UserError(f"--mudd needs {why}; or pass --mudd 0")
+    check_gate_layout(cfg)
+
+
+def check_gate_layout(cfg: Hyperparameters):
+    """XSA, the output gates and DC need attention layers (XSA and DC without paired heads: their values
+    interleave); DC's mixes come from the MUDD gate's second MLP."""
+    L, attn = cfg.num_layers, [i for i in range(cfg.num_layers) if i not in cfg.no_attn_layers]
+    single = [i for i in attn if i not in cfg.paired_head_layers]
+    named = [("--xsa_layers", cfg.xsa_layers if cfg.xsa else (), single, "attention without paired heads"),
+             ("--attn_gate_layers", cfg.attn_gate_layers if cfg.mudd_gate else (), attn, "attention"),
+             ("--dc_layers", cfg.dc_layers, single, "attention without paired heads")]
+    for flag, layers, allowed, what in named:
+        bad = [i for i in layers if i not in allowed]
+        if bad:
+            raise UserError(f"{flag} names layers {bad}, which have no {what} (those that do: {allowed})")
+    if cfg.mudd_gate and not 0 < cfg.mudd_gate_layer < L:
+        raise UserError(f"--mudd_gate_layer {cfg.mudd_gate_layer} must be within 1..{L - 1}: its gate reads the "
+                        f"stream entering that layer")
+    if cfg.dc_layers and not cfg.mudd_gate:
+        raise UserError("--dc_layers needs --mudd_gate, which makes DC's head mixes: pass --dc_layers= for no DC")
+    early = [i for i in cfg.dc_layers if i < cfg.mudd_gate_layer]
+    if early:
+        raise UserError(f"--dc_layers {early} come before --mudd_gate_layer {cfg.mudd_gate_layer}, whose gate makes "
+                        f"their mixes")
+    if cfg.dc_layers and not 0 < cfg.dc_window <= DC_BACK:
+        raise UserError(f"--dc_window {cfg.dc_window} must be within 1..{DC_BACK} tokens")
 
 
 # ---- schedules: each a function of the step alone, so a resumed run continues them exactly
@@ -724,6 +781,13 @@ MUDD_V_SCALE = 1.15           # and what it adds to the last layer's v, this aga
 MUDD_BACKOUT_BIAS = -4.34     # the last mix's bias on the backout layer's output: -0.5 x it after the scale, the
                               # backout MUDD replaces
 ATTN_SCALE = 0.1     # softmax scale after QK-norm before any YaRN stage (record 2025-09-10_Yarn)
+# the MUDD gate and lightweight DC (record 2026-05-27-MuddGatedAndDC, its v3)
+GATE_HIDDEN = 64       # the gate MLPs' width
+GATE_SCALE_INIT = 0.1  # every coefficient is an MLP's output times one learned scale, from this
+# each kind of coefficient's value at init: the output weights start at zero, so the bias is it / the scale
+GATE_START = {"xsa": 0.0, "out": 0.25, "x0": 0.0, "bigram": BIGRAM_INIT, "skip": 0.5, "dc_in": 1.0, "dc_out": 0.0}
+DC_BACK = 128          # DC's keys lie at most this many positions back (the record's kernel takes windows <= 128)
+DC_QUERY_BLOCK = 64    # queries per block of DC's blocked product: each reads DC_BACK + 64 keys
 YARN_ALPHA, YARN_BETA = 1, 32  # YaRN slows frequencies turning < 1 time per window, keeps those > 32
 BIGRAM_MULS = (36313, 27191)   # the record's bigram hash: (36313 * token) xor (27191 * previous token)
 E4M3_MAX = 448.0     # largest finite float8_e4m3fn
@@ -795,8 +859,8 @@ def bigram_hash(idx: Tensor, rows: int) -> Tensor:
 
 
 def bigram_width(cfg: "Hyperparameters") -> int:
-    """The bigram embedding's width: --bigram_dim, or a quarter of the stream's (record 2026-05-20: 192 of 768)."""
-    return cfg.bigram_dim or cfg.model_dim // 4
+    """The bigram embedding's width: --bigram_dim, or the stream's (record 2026-05-27 v3: 768; 2026-05-20: 192)."""
+    return cfg.bigram_dim or cfg.model_dim
 
 
 def bigram_sign_rows(idx: Tensor, rows: int) -> Tensor:
@@ -1009,15 +1073,18 @@ def attention_mask(first: Tensor):
     return block_attention_mask(first) if first.is_cuda else dense_attention_mask(first)
 
 
-def attention_masks(idx: Tensor, windows: Tensor, kinds: set) -> dict:
+def attention_masks(idx: Tensor, windows: Tensor, kinds: set, dc_window: int = 0) -> dict:
     """The masks of the sequences idx (B, T), laid end to end as attention() sees them, built once per forward:
     {(paired, long): mask} for the kinds the layers use. windows: (short, long) in tokens, a device tensor (a
-    new window is new data, not a new graph)."""
+    new window is new data, not a new graph). With a dc_window, also "dc": the first key of DC's window per
+    query (dc_correction's first)."""
     starts = document_starts(idx)
     masks = {}
     for paired, long in sorted(kinds):
         s = interleaved_starts(starts) if paired else starts
         masks[paired, long] = attention_mask(first_visible(s, windows[int(long)]))
+    if dc_window:
+        masks["dc"] = first_visible(starts, dc_window - 1)  # the query and the dc_window - 1 keys before it
     return masks
 
 
@@ -1054,6 +1121,41 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask, flex_options=None) -> Tenso
     return y.transpose(1, 2).reshape(B, T, y.size(1), y.size(-1))
 
 
+def dc_correction(q: Tensor, k: Tensor, v: Tensor, mix_in: Tensor, mix_out: Tensor, first: Tensor,
+                  window: int = DC_BACK) -> Tensor:
+    """What lightweight DC adds to each head's attention output (DCFormer's composition of attention weights
+    across heads, Xiao et al. 2024, cut to record 2026-05-27-MuddGatedAndDC's post-softmax, no-dense form): per
+    query, each head h's softmax P_h over the keys first..itself of its window only (mask_rule; at most DC_BACK
+    back); their mix A = sum_h a_h P_h, a = mix_in rms-normed over the heads; head h adds b_h (A @ v_h), b =
+    mix_out. q, k, v: (B, T, H, D) as attention() takes them (q carries the scale); mix_in, mix_out (B, T, H);
+    first: (B T,); window: at least the longest reach first allows, at most DC_BACK. Scores and weights in
+    fp32, as the record's kernel; computed in blocks of DC_QUERY_BLOCK queries against the keys from DC_BACK
+    before the block to its end, so memory grows with T, not T^2. On GPU the dc_mix op computes the same with
+    its own kernels."""
+    B, T, H, D = q.shape
+    a = F.rms_norm(mix_in.float(), (H,), eps=1e-6).type_as(mix_in)  # the record's dc_gate, in fp32
+    if on_gpu(q) and q.dtype == torch.bfloat16 and (B * T) % max(DC_KERNEL_TILES) == 0:
+        flat = [t.reshape(B * T, H, D) for t in (q, k, v)]
+        out = dc_mix(*flat, a.float().reshape(B * T, H), mix_out.float().reshape(B * T, H), first, window)[0]
+        return out.view(B, T, H, D)
+    n = math.gcd(B * T, DC_QUERY_BLOCK)
+    nb, back = B * T // n, DC_BACK // n
+
+    def with_earlier(t: Tensor) -> Tensor:  # (nb, back + 1 blocks of keys, H, D): blocks b - back .. b
+        t = F.pad(t.reshape(nb, n, H, D), (0, 0, 0, 0, 0, 0, back, 0))
+        return torch.cat([t[j:j + nb] for j in range(back + 1)], dim=1)
+
+    q_pos = torch.arange(B * T, device=q.device).view(nb, n)
+    k_pos = q_pos[:, :1] - back * n + torch.arange((back + 1) * n, device=q.device)
+    visible = mask_rule(q_pos[:, :, None], k_pos[:, None, :], first)  # keys before 0 fall below every first
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.reshape(nb, n, H, D).float(), with_earlier(k).float())
+    probs = scores.masked_fill(~visible[:, None], float("-inf")).softmax(-1)  # the diagonal is always visible
+    # a sum over heads, not a matmul: compiled, it joins the softmax's kernel (a batched gemv took 4 ms a step)
+    mixed = (probs * a.float().view(nb, n, H).transpose(1, 2)[..., None]).sum(1)
+    out = torch.einsum("bqk,bkhd->bqhd", mixed.to(v.dtype), with_earlier(v))
+    return (mix_out.reshape(nb, n, H, 1).type_as(out) * out).reshape(B, T, H, D)
+
+
 # ---- blocks
 
 def weight_in(module: nn.Module, name: str, x: Tensor) -> Tensor:
@@ -1081,13 +1183,25 @@ def own_ve_gate(cfg: "Hyperparameters", i: int) -> bool:
 
 
 def has_xsa(cfg: "Hyperparameters", i: int) -> bool:
-    """Layer i's attention has XSA's per-head shares: not on paired heads, whose values interleave."""
-    return cfg.xsa and i not in cfg.paired_head_layers
+    """Layer i's attention takes out XSA's per-head shares (check_gate_layout keeps them off paired heads,
+    whose values interleave)."""
+    return cfg.xsa and i in cfg.xsa_layers
+
+
+class HeadGates(NamedTuple):
+    """A layer's per-token coefficients from the MUDD gate (record 2026-05-27 v3), each (B, T, heads) or None:
+    XSA's shares before tanh, the heads' output gates, and DC's (mix_in, mix_out, first, window) for
+    dc_correction."""
+    xsa: Optional[Tensor] = None
+    out: Optional[Tensor] = None
+    dc: Optional[tuple] = None
 
 
 class Attention(nn.Module):
     def __init__(self, dim: int, num_heads: int, head_dim: int, ve_gate: bool, paired: bool, key_offset: bool,
-                 xsa: bool = False):
+                 xsa: bool = False, gated: bool = False):
+        """gated: the MUDD gate makes this layer's XSA shares and output gate per token (HeadGates), so the
+        learned constants below are not made."""
         super().__init__()
         self.num_heads, self.head_dim, self.paired, self.key_offset = num_heads, head_dim, paired, key_offset
         # all four at the MLP's scale, the output projection too (record 2026-01-30: attention contributes from
@@ -1097,19 +1211,22 @@ class Attention(nn.Module):
         self.qk_w = nn.Parameter(qkvo[:2].reshape(2 * dim // (qk_group_heads(num_heads) * head_dim), -1, dim))
         self.vo_w = nn.Parameter(qkvo[2:])
         # per head, sigmoid(gate_w @ x[:12]) scales the head's output (0.5 at the zero init)
-        self.gate_w = nn.Parameter(torch.zeros(num_heads, GATE_DIMS, dtype=torch.bfloat16))
+        self.gate_w = None if gated else nn.Parameter(torch.zeros(num_heads, GATE_DIMS, dtype=torch.bfloat16))
         # per head, 2 sigmoid(ve_gate_w @ [x[:6], ve[:6]]) scales the value embedding ve added to v (1 at the zero
         # init): the gate sees the embedding it scales (record 2026-02-03_VeTuned); on paired-head layers it
         # reads x[:12], as before that record. The last layer's comes from MUDD (ve_gate=False)
         self.ve_gate_w = nn.Parameter(torch.zeros(num_heads, GATE_DIMS, dtype=torch.bfloat16)) if ve_gate else None
         # per head, tanh(xsa_w) of its output along its own value is taken out (0 at the zero init; record
         # 2026-05-07_XSAGatedLayers, after arXiv:2603.09078)
-        self.xsa_w = nn.Parameter(torch.zeros(num_heads)) if xsa else None
+        self.xsa_w = nn.Parameter(torch.zeros(num_heads)) if xsa and not gated else None
         self.copies = {}  # name -> the matrix's compute copy while training (WeightCopies)
 
-    def forward(self, x: Tensor, ve, mask, rot: Rotary, sa: Tensor, flex_options, mudd=None) -> Tensor:
+    def forward(self, x: Tensor, ve, mask, rot: Rotary, sa: Tensor, flex_options, mudd=None,
+                gates: HeadGates = None) -> Tensor:
         """x: the block's normed input (B, T, dim); sa: this layer's (value, output) scales; mudd: (what MUDD
-        adds to v (B, T, H, D), the value embedding's gate less 2 (B, T, H)) on the last layer, else None."""
+        adds to v (B, T, H, D), the value embedding's gate less 2 (B, T, H)) on the last layer, else None;
+        gates: the MUDD gate's for this layer, else None."""
+        gates = gates or HeadGates()
         B, T = x.shape[:2]
         H, D = self.num_heads, self.head_dim
         # q and k from one matmul, v from another: the QK-norm + rotary op then owns its input's whole grad
@@ -1129,11 +1246,17 @@ class Attention(nn.Module):
         if self.paired:  # heads 0..H/2-1 of token t at position 2t of a twice-as-long sequence, the others at 2t+1
             q, k, v = (t.reshape(B, 2 * T, H // 2, D) for t in (q, k, v))
         y = attention(q, k, v, mask, flex_options).reshape(B, T, H, D)
-        if self.xsa_w is not None:
+        if gates.dc is not None:
+            y = y + dc_correction(q, k, v, *gates.dc)
+        xsa = torch.tanh(self.xsa_w)[:, None] if self.xsa_w is not None else \
+            None if gates.xsa is None else torch.tanh(gates.xsa)[..., None]
+        if xsa is not None:
             unit_v = F.normalize(v, dim=-1, eps=1e-4)
-            y = y - torch.tanh(self.xsa_w).type_as(y)[:, None] * (y * unit_v).sum(-1, keepdim=True) * unit_v
-        y = (y * gate(x, self.gate_w)[..., None]).reshape(B, T, H * D)
-        return sa[1] * mm(y, vo_w[1].mT)
+            y = y - xsa.type_as(y) * (y * unit_v).sum(-1, keepdim=True) * unit_v
+        out_gate = gate(x, self.gate_w) if self.gate_w is not None else gates.out
+        if out_gate is not None:
+            y = y * out_gate.type_as(y)[..., None]
+        return sa[1] * mm(y.reshape(B, T, H * D), vo_w[1].mT)
 
 
 # ---- the MLP's up-projection in FP8 (record 2026-05-19_FP8MLPUpProj): forward only, each operand in e4m3 scaled
@@ -1192,14 +1315,15 @@ class Block(nn.Module):
         self.long_window, self.paired = i in cfg.long_window_layers, i in cfg.paired_head_layers
         self.attn = None if i in cfg.no_attn_layers else Attention(
             cfg.model_dim, cfg.num_heads, cfg.head_dim, own_ve_gate(cfg, i), self.paired,
-            key_offset=self.long_window and not self.paired, xsa=has_xsa(cfg, i))
+            key_offset=self.long_window and not self.paired, xsa=has_xsa(cfg, i), gated=cfg.mudd_gate)
         self.mlp = MLP(cfg.model_dim, kernels)
 
     def forward(self, x: Tensor, x0: Tensor, bigram, attn_in, mix, ve, masks: dict, rot: Rotary,
-                sa: Tensor, flex_options=None, skip=None, mudd=None) -> Tensor:
+                sa: Tensor, flex_options=None, skip=None, mudd=None, gates: HeadGates = None) -> Tensor:
         """Each sublayer's update is x = resid x + post out (record 2026-03-06_SimplifyHC); the attention's
         also adds x0's and the bigram embedding's shares. mix: (attention's resid, post, MLP's resid, post, x0,
-        bigram) weights, scalars or per token (B, T, 1) from MUDD; bigram None where it does not join. attn_in:
+        bigram) weights, scalars or per token (B, T, 1) from MUDD or the MUDD gate; bigram None where it does not
+        join; gates: the attention's HeadGates. attn_in:
         what the attention reads if not x (the backout layer's output, for the layers after it); skip: (gate,
         an earlier layer's output), added first (the layer without attention); mudd: Attention.forward's.
         Inside the block so that a block-by-block compile fuses them with the rest (eager, such glue was ~30
@@ -1208,7 +1332,7 @@ class Block(nn.Module):
             x = x + skip[0] * skip[1]
         if self.attn is not None:
             y = self.attn(norm(x if attn_in is None else attn_in), ve, masks[self.paired, self.long_window], rot, sa,
-                          flex_options, mudd)
+                          flex_options, mudd, gates)
             x = mix[0] * x + mix[1] * y + mix[4] * x0
             if bigram is not None:
                 x = add_to_first_dims(x, mix[5] * bigram)
@@ -1265,6 +1389,59 @@ class MUDD(nn.Module):
         for k, source in enumerate(sources):
             x = x + m[..., k:k + 1] * source
         return x
+
+
+def gate_layout(cfg: "Hyperparameters") -> list:
+    """The MUDD gate's coefficients, in order, as (kind, layer, width) for each of its two MLPs: the first (on
+    x0) serves the layers before --mudd_gate_layer, the second (on the stream entering it) that layer and the
+    later ones. Each serves, of its layers: XSA's shares (a head each), the output gates (a head each), x0's
+    and the bigram's shares of every attention but MUDD's last layer's (MUDD mixes those), the skip's weight,
+    then DC's two head mixes (record 2026-05-27-MuddGatedAndDC v3: 26 and 41 coefficients at 11 layers)."""
+    L, g, H = cfg.num_layers, cfg.mudd_gate_layer, cfg.num_heads
+    inject = [i for i in range(L) if i not in cfg.no_attn_layers and not (cfg.mudd and i == L - 1)]
+    parts = []
+    for lo, hi in ((0, g), (g, L)):
+        def own(layers):
+            return sorted(i for i in layers if lo <= i < hi)
+        part = [("xsa", i, H) for i in own(cfg.xsa_layers if cfg.xsa else ())]
+        part += [("out", i, H) for i in own(cfg.attn_gate_layers)]
+        part += [(kind, i, 1) for i in own(inject) for kind in ("x0", "bigram")]
+        part += [("skip", i, 1) for i in own(cfg.skip[1:])]
+        part += [(kind, i, H) for i in own(cfg.dc_layers) for kind in ("dc_in", "dc_out")]
+        parts.append(part)
+    return parts
+
+
+class MuddGate(nn.Module):
+    """The MUDD gate (record 2026-05-27-MuddGatedAndDC v3): two MLPs (dim -> 64, gelu, -> its coefficients, plus
+    a bias), their outputs times one learned scale (from 0.1), make gate_layout's coefficients per token. bf16
+    weights, the scale fp32, as the record's; the output weights start at zero, so each coefficient starts at
+    GATE_START of its kind."""
+
+    def __init__(self, dim: int, layout: list):
+        super().__init__()
+        self.layout = layout
+        widest = max(sum(w for *_, w in part) for part in layout)
+        w_in = torch.empty(2, GATE_HIDDEN, dim)
+        for w in w_in:
+            nn.init.kaiming_uniform_(w, a=math.sqrt(5))  # torch's Linear init, as MUDD's
+        self.w_in = nn.Parameter(w_in.bfloat16())
+        self.w_out = nn.Parameter(torch.zeros(2, widest, GATE_HIDDEN, dtype=torch.bfloat16))
+        bias = torch.zeros(2, widest)
+        for j, part in enumerate(layout):
+            starts = itertools.accumulate((w for *_, w in part), initial=0)
+            for (kind, _, width), at in zip(part, starts):
+                bias[j, at:at + width] = GATE_START[kind] / GATE_SCALE_INIT
+        self.bias = nn.Parameter(bias.bfloat16())
+        self.scale = nn.Parameter(torch.tensor(GATE_SCALE_INIT))
+
+    def coefficients(self, x: Tensor, j: int) -> dict:
+        """MLP j's coefficients from x (B, T, dim): {(kind, layer): (B, T, width)}."""
+        n = sum(w for *_, w in self.layout[j])
+        h = F.gelu(mm(x, self.w_in[j].type_as(x).mT))
+        c = (mm(h, self.w_out[j, :n].type_as(x).mT) + self.bias[j, :n].type_as(x)) * self.scale.type_as(x)
+        starts = itertools.accumulate((w for *_, w in self.layout[j]), initial=0)
+        return {(kind, i): c[..., at:at + w] for (kind, i, w), at in zip(self.layout[j], starts)}
 
 
 # ---- the head
@@ -1386,7 +1563,8 @@ class GPT(nn.Module):
         self.rotary = Rotary(cfg.head_dim, 2 * max(cfg.seq_len, cfg.val_seq_len))
         self.blocks = nn.ModuleList(Block(cfg, i, self.kernels) for i in range(L))
         self.smear_gate_w = nn.Parameter(torch.zeros(1, GATE_DIMS, **bf16))
-        self.skip_gate_w = nn.Parameter(torch.zeros(1, GATE_DIMS, **bf16))
+        # with the MUDD gate, it makes the skip's weight and x0's and the bigram's shares per token instead
+        self.skip_gate_w = None if cfg.mudd_gate else nn.Parameter(torch.zeros(1, GATE_DIMS, **bf16))
         # attention value and output weights (0.5, 1) per layer; smear (0), backout (0.5; none with MUDD, whose
         # bias takes its place) and skip (-1.5: sigmoid 0.18) weights (record)
         self.scalars = nn.Parameter(torch.cat([torch.tensor([0.5, 1.0]).repeat(L),
@@ -1395,10 +1573,12 @@ class GPT(nn.Module):
         # post from 1 (record 2026-03-06_SimplifyHC)
         self.resid_lambdas = nn.Parameter(torch.full((L, 2), RESID_INIT))
         self.post_lambdas = nn.Parameter(torch.ones(L, 2))
-        self.x0_lambdas = nn.Parameter(torch.zeros(L))  # x0's share added with each attention's output
-        self.bigram_lambdas = (nn.Parameter(torch.full((L,), BIGRAM_INIT)) if cfg.bigram_vocab  # its share
-                               else None)
+        self.x0_lambdas = None if cfg.mudd_gate else nn.Parameter(torch.zeros(L))  # x0's share with each attention
+        self.bigram_lambdas = (nn.Parameter(torch.full((L,), BIGRAM_INIT)) if cfg.bigram_vocab and not cfg.mudd_gate
+                               else None)  # and the bigram embedding's
         self.mudd = MUDD(dim, cfg.num_heads) if cfg.mudd else None
+        self.gate = MuddGate(dim, gate_layout(cfg)) if cfg.mudd_gate else None
+        self.gate_at, self.dc_window = cfg.mudd_gate_layer, (cfg.dc_window if cfg.dc_layers else 0)
         self.mudd_ve = next(t for t in cfg.value_embeds if t >= 0) if cfg.mudd else None  # the first VE layer's
         self.head_loss, self.eval_loss = head_loss, eval_loss
         # the bigram sign table: random +-1 in bf16, a buffer the checkpoint holds (record 2026-05-20). Drawn last,
@@ -1486,44 +1666,69 @@ class GPT(nn.Module):
         kinds = {(b.paired, b.long_window) for b in self.blocks if b.attn is not None}
         if bigram is not None and self.bigram_sign_table is not None:
             bigram = bigram * self.bigram_sign_table[bigram_sign_rows(idx, self.bigram_sign_table.size(0))]
-        return self.run_blocks(tokens, bigram, ve, attention_masks(idx, windows, kinds))
+        return self.run_blocks(tokens, bigram, ve, attention_masks(idx, windows, kinds, self.dc_window))
+
+    def stream_weights(self) -> Tensor:
+        """Per layer, Block.forward's learned constants: (attention's resid, post, MLP's resid, post), then x0's
+        and the bigram's shares unless the MUDD gate makes those, (L, 6 or 4)."""
+        w = [self.resid_lambdas[:, 0], self.post_lambdas[:, 0], self.resid_lambdas[:, 1], self.post_lambdas[:, 1]]
+        if self.gate is None:
+            w += [self.x0_lambdas, self.x0_lambdas.new_zeros(len(self.blocks)) if self.bigram_lambdas is None
+                  else self.bigram_lambdas]
+        return torch.stack(w, dim=1)
+
+    def mix(self, weights: Tensor, coef: dict, i: int):
+        """Layer i's six weights for Block.forward: the constants, x0's and the bigram's shares from the MUDD
+        gate's coefficients where it makes them."""
+        return weights[i] if self.gate is None else [*weights[i], coef.get(("x0", i)), coef.get(("bigram", i))]
+
+    def head_gates(self, coef: dict, masks: dict, i: int) -> Optional[HeadGates]:
+        """Layer i's HeadGates from the MUDD gate's coefficients; None without it."""
+        if self.gate is None:
+            return None
+        dc = (coef["dc_in", i], coef["dc_out", i], masks["dc"], self.dc_window) if ("dc_in", i) in coef else None
+        return HeadGates(coef.get(("xsa", i)), coef.get(("out", i)), dc)
 
     def run_blocks(self, tokens: Tensor, bigram, ve: list, masks: dict) -> Tensor:
         """The record's layers (2026-03-06_SimplifyHC): the bigram embedding joins the stream before layer 0 and
         each later layer's attention output, x0 each attention output; the layers after the backout layer attend
-        to its output, not to x (they keep out what the last MLPs write for the prediction). x0 is the stream
-        as layer 0 gets it, the bigram's share included: the record's in-place add of that share (2026-05-20,
-        `x[..., :bigram_dim] = ...`) also reaches its x0, which is the same tensor; MUDD's x0 was that already."""
+        to its output, not to x (they keep out what the last MLPs write for the prediction). With the MUDD gate
+        (2026-05-27 v3) x0's and the bigram's shares, the skip's weight and the heads' XSA, output and DC
+        coefficients are per token: from x0 for the layers before gate_at, from the stream entering it for the
+        others. MUDD's x0 is the stream as layer 0 gets it (`first`), the bigram's share included; the x0 that
+        joins each layer is too without the gate (2026-05-20's in-place add), not with it (v3's x0.clone())."""
         sa, _, backout, skip_w = self.lambdas()
         x0 = self.embed_tokens(tokens)
-        # the stream's weights in its dtype, as the record's .bfloat16() (and compiled code rounds as eager does)
-        bigram_w = self.x0_lambdas.new_zeros(len(self.blocks)) if self.bigram_lambdas is None else self.bigram_lambdas
-        mixes = torch.stack([self.resid_lambdas[:, 0], self.post_lambdas[:, 0], self.resid_lambdas[:, 1],
-                             self.post_lambdas[:, 1], self.x0_lambdas, bigram_w], dim=1).type_as(x0)
-        if bigram is not None:
-            x0 = add_to_first_dims(x0, mixes[0, 5] * bigram)
-        x = x0
+        weights = self.stream_weights().type_as(x0)  # in the stream's dtype, as the record's .bfloat16()
+        coef = self.gate.coefficients(x0, 0) if self.gate is not None else {}
+        x = first = x0 if bigram is None else add_to_first_dims(x0, self.mix(weights, coef, 0)[5] * bigram)
+        if self.gate is None:
+            x0 = first
         skipped = backout_x = second_last = mudd = None
         for i, block in enumerate(self.blocks):
+            if self.gate is not None and i == self.gate_at:
+                coef.update(self.gate.coefficients(x, 1))
             skip = None
-            if i == self.skip_to:  # 2 sigmoid(skip_w) sigmoid(gate of x0) times the earlier output
-                skip = (2 * torch.sigmoid(skip_w) * gate(x0, self.skip_gate_w), skipped)
+            if i == self.skip_to:  # the earlier output times sigmoid(skip_w) x the gate's weight or 2 gate(x0)
+                weight = coef["skip", i] if self.gate is not None else 2 * gate(x0, self.skip_gate_w)
+                skip = (torch.sigmoid(skip_w) * weight, skipped)
             ve_i = ve[self.ve_of_layer[i]] if self.ve_of_layer[i] >= 0 else None
+            gates = self.head_gates(coef, masks, i)
             if mudd is None:
-                x = block(x, x0, bigram if i > 0 else None, backout_x, mixes[i], ve_i, masks, self.rotary, sa[i],
-                          self.kernels.flex_options, skip)
+                x = block(x, x0, bigram if i > 0 else None, backout_x, self.mix(weights, coef, i), ve_i, masks,
+                          self.rotary, sa[i], self.kernels.flex_options, skip, None, gates)
             else:  # the last layer, its weights per token from MUDD
-                x = block(x, x0, bigram, backout_x, mudd[1], ve_i, masks, self.rotary, sa[i],
-                          self.kernels.flex_options, skip, mudd[0])
+                x = block(x, first, bigram, backout_x, mudd[1], ve_i, masks, self.rotary, sa[i],
+                          self.kernels.flex_options, skip, mudd[0], gates)
             if self.mudd is not None and i == len(self.blocks) - 2:
                 second_last = x
-                x, *mudd = self.mudd.inner(x, x0, backout_x)
+                x, *mudd = self.mudd.inner(x, first, backout_x)
             if i == self.skip_from:
                 skipped = x
             if i == self.backout_layer:
                 backout_x = x
         if self.mudd is not None:
-            return self.mudd.outer(x, [x0, backout_x, second_last, ve[self.mudd_ve], skipped])
+            return self.mudd.outer(x, [first, backout_x, second_last, ve[self.mudd_ve], skipped])
         return x - backout * backout_x
 
     def forward(self, idx: Tensor, targets: Tensor, windows: Tensor, mtp_weights: Tensor = None):
@@ -1549,14 +1754,15 @@ def param_groups(model: GPT) -> tuple[dict, dict]:
             "embeds": [e.weight for e in model.value_embeds] + ([model.bigram_embed.weight] if model.bigram_embed
                                                                 else []),
             "scalars": [model.scalars], "resid": [model.resid_lambdas],
-            "inject": [model.post_lambdas, model.x0_lambdas] + ([model.bigram_lambdas] if model.bigram_embed
-                                                                   else []),
-            "gates": [w for b in blocks if b.attn is not None for w in (b.attn.gate_w, b.attn.ve_gate_w)
-                      if w is not None],
+            "inject": [model.post_lambdas, model.x0_lambdas, model.bigram_lambdas],
+            "gates": [w for b in blocks if b.attn is not None for w in (b.attn.gate_w, b.attn.ve_gate_w)],
             "smear": [model.smear_gate_w], "skip": [model.skip_gate_w],
-            "xsa": [b.attn.xsa_w for b in blocks if b.attn is not None and b.attn.xsa_w is not None],
+            "xsa": [b.attn.xsa_w for b in blocks if b.attn is not None],
             "mudd": [model.mudd.w_in, model.mudd.w_out] if model.mudd else [],
-            "mudd_bias": [model.mudd.bias] if model.mudd else []}
+            "mudd_bias": [model.mudd.bias] if model.mudd else [],
+            "mudd_gate": [model.gate.w_in, model.gate.w_out] if model.gate else [],
+            "mudd_gate_bias": [model.gate.bias, model.gate.scale] if model.gate else []}
+    muon, adam = ({k: [p for p in v if p is not None] for k, v in g.items()} for g in (muon, adam))
     muon, adam = ({k: v for k, v in g.items() if v} for g in (muon, adam))
     grouped = [id(p) for g in (muon, adam) for ps in g.values() for p in ps]
     assert sorted(grouped) == sorted(id(p) for p in model.parameters()), "every parameter in exactly one group"
@@ -2420,6 +2626,9 @@ def setup(cfg: Hyperparameters):
                             "with --preset smoke or --preset books (README.md, Quick start)")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
+        # fp32 matmuls on TF32 tensor cores: DC's scores and their grads are the only ones, and their inputs are
+        # bf16 values, which TF32 holds exactly, summed in fp32 (the record's kernel dots in tf32 too)
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
     else:
         device = torch.device(cfg.device)
     if world > 1:
@@ -2434,11 +2643,12 @@ def micro_batch(cfg: Hyperparameters, world: int) -> int:
     return micro_batch_choice(cfg, world)[0]
 
 
-# one GPU's peak at the default recipe, measured on an H100 (allocated, not reserved): 32,070 MiB at four 16,384-token
-# sequences per pass (records/2026-12-07_fp8sign-h100), 19,537 MiB at two (records/2026-12-07_cap24-h100): 6,267 MiB
-# a sequence and 7,004 MiB besides. Other settings scale them: a sequence's share by its tokens x width x depth, the
-# rest by the parameters
-PEAK_SEQ_MIB, PEAK_REST_MIB = 6267, 7004
+# one GPU's peak at the default recipe, measured on an H100 (allocated, not reserved): at 2026-05-20's, 32,070 MiB at
+# four 16,384-token sequences per pass (records/2026-12-07_fp8sign-h100) and 19,537 MiB at two
+# (records/2026-12-07_cap24-h100): 6,267 MiB a sequence, 7,004 besides; 2026-05-27 v3's 34,031 MiB at four
+# (records/2026-12-07_muddgate-dc-h100) adds 1,961 besides (its wider bigram table). Other settings scale them: a
+# sequence's share by its tokens x width x depth, the rest by the parameters
+PEAK_SEQ_MIB, PEAK_REST_MIB = 6267, 7004 + 1961
 PEAK_MARGIN = 0.9  # of the free memory: the allocator reserves more than it hands out (33.6 GiB for 32.1)
 
 
@@ -2490,10 +2700,16 @@ def parameter_counts(cfg: Hyperparameters) -> tuple[int, int]:
     attn = [i for i in range(L) if i not in cfg.no_attn_layers]
     ve_gates = [i for i in attn if own_ve_gate(cfg, i)]
     mudd = (2 * MUDD_HIDDEN * d + 2 * MUDD_HIDDEN * 2 * MUDD_COLS + 2 * 2 * MUDD_COLS) if cfg.mudd else 0
-    bf16 = (2 + max(cfg.value_embeds) + 1) * V * d + cfg.bigram_vocab * bigram_width(cfg) + \
-        (len(attn) + len(ve_gates)) * heads * GATE_DIMS + 2 * GATE_DIMS + mudd
-    xsa = sum(has_xsa(cfg, i) for i in attn) * heads
-    fp32 = L * 8 * d * d + len(attn) * 4 * d * d + (8 if cfg.bigram_vocab else 7) * L + (2 if cfg.mudd else 3) + xsa
+    if cfg.mudd_gate:  # the gate's MLPs (their output rows as many as the wider one's coefficients) and scale
+        rows = max(sum(w for *_, w in part) for part in gate_layout(cfg))
+        gates, stream, constants = 2 * GATE_HIDDEN * d + 2 * rows * (GATE_HIDDEN + 1) + len(ve_gates) * heads * \
+            GATE_DIMS + GATE_DIMS, 6 * L, 1
+    else:  # output gates on every attention, the skip's gate, x0's and the bigram's shares, XSA's
+        gates = (len(attn) + len(ve_gates)) * heads * GATE_DIMS + 2 * GATE_DIMS
+        stream = (8 if cfg.bigram_vocab else 7) * L
+        constants = sum(has_xsa(cfg, i) for i in attn) * heads
+    bf16 = (2 + max(cfg.value_embeds) + 1) * V * d + cfg.bigram_vocab * bigram_width(cfg) + gates + mudd
+    fp32 = L * 8 * d * d + len(attn) * 4 * d * d + stream + (2 if cfg.mudd else 3) + constants
     return bf16, fp32
 
 
@@ -3757,6 +3973,8 @@ MLP_TILE = ("rows", "columns", "depth", "warps", "stages", "store_split", "warp_
 # as any other (records/2026-12-06_mlptiles-h100, records/bench/mlpbench.py); the backward's two programs per
 # multiprocessor fit its shared memory (test_mlp_hopper_tiles_fit_the_shared_memory). The FP8 forward's: the
 # record's (2026-05-19_FP8MLPUpProj: 128 x 256 tiles 128 deep, 4 stages, 8 warps)
+DC_KERNEL_TILES = (16, 64, 64)  # dc_mix: queries per forward program; keys per backward program; its query tiles
+DC_KV_WARPS = 8                 # dc_mix's key side: warps per program
 MLP_HOPPER_TILES = ((128, 256, 64, 8, 4, 2, 0, 1), (128, 128, 64, 8, 3, 4, 0, 2), (128, 256, 128, 8, 4, 2, 0, 1))
 
 
@@ -4061,6 +4279,65 @@ def _qk_grad(ctx, dq, dk):
 qk_norm_rotary.register_autograd(_qk_grad, setup_context=_qk_setup)
 
 
+@torch.library.custom_op("train_gpt::dc_mix", mutates_args=())
+def dc_mix(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, first: Tensor, window: int) -> tuple[Tensor, Tensor]:
+    """CUDA and bf16 only (dc_correction holds the torch rule): DC's correction of q, k, v (N, H, D), per query
+    and head mixes a (rms-normed) and b (N, H) fp32 and first (N,); and each (query, head)'s log-sum-exp over
+    its window (N, H) fp32, which the backward reuses. One program per DC_KERNEL_TILES[0] queries, against
+    the keys from window - 1 before them to their last."""
+    N, H, D = q.shape
+    bm = DC_KERNEL_TILES[0]
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    out, lse = q.new_empty(N, H, D), q.new_empty(N, H, dtype=torch.float32)
+    _dc_fwd_kernel[(N // bm,)](q, k, v, a.contiguous(), b.contiguous(), first.contiguous(), out, lse, H=H, D=D,
+                              BM=bm, BK=triton.next_power_of_2(bm + window - 1), num_warps=4)
+    return out, lse
+
+
+@dc_mix.register_fake
+def _(q, k, v, a, b, first, window):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
+@torch.library.custom_op("train_gpt::dc_mix_backward", mutates_args=())
+def dc_mix_backward(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, first: Tensor, lse: Tensor, g: Tensor,
+                    window: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The grads of dc_mix's q, k, v, a and b from its output's g. A query-side pass (one program per
+    DC_KERNEL_TILES[0] queries) finds q's, a's and b's and stores the mixed weights and their grads per
+    (query, distance back); a key-side pass (one per DC_KERNEL_TILES[1] keys, over the query tiles that see
+    them) sums k's and v's: no atomics, so the same grads every run."""
+    N, H, D = q.shape
+    bm, bn, bq = DC_KERNEL_TILES
+    q, k, v, a, b, g = (t.contiguous() for t in (q, k, v, a, b, g))
+    dq, dk, dv = (q.new_empty(N, H, D) for _ in range(3))
+    da, db = (a.new_empty(N, H) for _ in range(2))
+    mixed, dmixed = (a.new_empty(N, window) for _ in range(2))
+    _dc_bwd_q_kernel[(N // bm,)](q, k, v, a, b, first, lse, g, dq, da, db, mixed, dmixed, H=H, D=D, BM=bm,
+                                 BK=triton.next_power_of_2(bm + window - 1), W=window, num_warps=4)
+    _dc_bwd_kv_kernel[(triton.cdiv(N, bn),)](q, k, a, b, first, lse, g, da, mixed, dmixed, dk, dv, N, H=H, D=D,
+                                             BN=bn, BQ=bq, NQ=triton.cdiv(bn + window - 1, bq), W=window,
+                                             num_warps=DC_KV_WARPS)
+    return dq, dk, dv, da, db
+
+
+@dc_mix_backward.register_fake
+def _(q, k, v, a, b, first, lse, g, window):
+    return (*(q.new_empty(q.shape) for _ in range(3)), *(a.new_empty(a.shape) for _ in range(2)))
+
+
+def _dc_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:6], output[1])
+    ctx.window = inputs[6]
+
+
+def _dc_grad(ctx, g, _):
+    q, k, v, a, b, first, lse = ctx.saved_tensors
+    return *dc_mix_backward(q, k, v, a, b, first, lse, g, ctx.window), None, None
+
+
+dc_mix.register_autograd(_dc_grad, setup_context=_dc_setup)
+
+
 def _softcap_ce_cuda(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float, launch, approx: bool,
                      seq_len: int, out: tuple = None):
     T, V = z.shape
@@ -4087,6 +4364,12 @@ def rehearse_kernels(trainer: "Trainer"):
     B, T, dim, V, rot = trainer.micro_batch, cfg.seq_len, cfg.model_dim, cfg.vocab_size, model.rotary
     zeros = partial(torch.zeros, device=device, dtype=torch.bfloat16)
     with torch.no_grad():
+        if model.dc_window:  # first: its key side's compile is the longest (35 s, records/2026-12-07_muddgate-dc-h100)
+            N, H, D = B * T, cfg.num_heads, cfg.head_dim
+            q, a = zeros(N, H, D), torch.zeros(N, H, device=device)
+            first = first_visible(torch.zeros(N, dtype=torch.long, device=device), model.dc_window - 1)
+            _, lse = dc_mix(q, q, q, a, a, first, model.dc_window)
+            dc_mix_backward(q, q, q, a, a, first, lse, q, model.dc_window)
         qk = zeros(B, T, 2 * cfg.num_heads, cfg.head_dim)  # as Attention.forward's matmul makes it
         for paired in {block.paired for block in model.blocks if block.attn is not None}:
             q, k = qk_norm_rotary(qk, rot.cos, rot.sin, rot.scale, paired)
@@ -4313,6 +4596,114 @@ if triton is not None:
             u = tl.div_rn(m, tl.sqrt_rn(v * tl.div_rn(1.0, bias2)) + eps) * tl.div_rn(1.0, bias1)
         agree = u * p > 0.0 if STRICT else u * p >= 0.0
         tl.store(p_ptr + i, p - (tl.where(agree, p, 0.0) * decay + u * lr), mask=live)
+
+    @triton.jit
+    def _dc_probs(q_ptr, k_ptr, lse_ptr, q_pos, k_pos, valid, live, h, H: tl.constexpr, D: tl.constexpr):
+        """Head h's softmax over each query's window (rows q_pos, columns k_pos), from its stored log-sum-exp:
+        fp32 scores of the bf16 q and k, 0 outside `valid`."""
+        d = tl.arange(0, D)
+        q = tl.load(q_ptr + (q_pos[:, None] * H + h) * D + d[None, :], mask=live[:, None], other=0.0)
+        k = tl.load(k_ptr + (k_pos[:, None] * H + h) * D + d[None, :], mask=(k_pos >= 0)[:, None], other=0.0)
+        lse = tl.load(lse_ptr + q_pos * H + h, mask=live, other=0.0)
+        return tl.where(valid, tl.exp(tl.dot(q, tl.trans(k)) - lse[:, None]), 0.0), q, k
+
+    @triton.jit
+    def _dc_window(first_ptr, q_pos, k_pos, live):
+        """Which (query, key) pairs DC mixes: mask_rule with first, for the queries that exist."""
+        first = tl.load(first_ptr + q_pos, mask=live, other=0)
+        return live[:, None] & (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] >= first[:, None])
+
+    @triton.jit
+    def _dc_query_tile(first_ptr, BM: tl.constexpr, BK: tl.constexpr):
+        """This program's BM queries, the BK keys up to their last, and which pairs DC mixes."""
+        q_pos = tl.program_id(0) * BM + tl.arange(0, BM)
+        k_pos = tl.program_id(0) * BM + BM - BK + tl.arange(0, BK)
+        live = q_pos >= 0
+        return q_pos, k_pos, live, _dc_window(first_ptr, q_pos, k_pos, live)
+
+    @triton.jit
+    def _dc_fwd_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, first_ptr, out_ptr, lse_ptr, H: tl.constexpr,
+                       D: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+        """BM queries' DC correction: each head's softmax over the window (its log-sum-exp stored), mixed over
+        the heads by a; then per head b times the mix @ v. Keys from BK - BM before the first query."""
+        q_pos, k_pos, live, valid = _dc_query_tile(first_ptr, BM, BK)
+        d = tl.arange(0, D)
+        mixed = tl.zeros((BM, BK), dtype=tl.float32)
+        for h in tl.static_range(H):
+            q = tl.load(q_ptr + (q_pos[:, None] * H + h) * D + d[None, :])
+            k = tl.load(k_ptr + (k_pos[:, None] * H + h) * D + d[None, :], mask=(k_pos >= 0)[:, None], other=0.0)
+            s = tl.where(valid, tl.dot(q, tl.trans(k)), float("-inf"))
+            top = tl.max(s, axis=1)  # every query sees itself: finite
+            e = tl.exp(s - top[:, None])
+            total = tl.sum(e, axis=1)
+            tl.store(lse_ptr + q_pos * H + h, top + tl.log(total))
+            mixed += (tl.load(a_ptr + q_pos * H + h) / total)[:, None] * e
+        for h in tl.static_range(H):
+            v = tl.load(v_ptr + (k_pos[:, None] * H + h) * D + d[None, :], mask=(k_pos >= 0)[:, None], other=0.0)
+            b = tl.load(b_ptr + q_pos * H + h)
+            out = tl.dot(mixed.to(v.dtype), v) * b[:, None]  # weights rounded to v's dtype, as the record's
+            tl.store(out_ptr + (q_pos[:, None] * H + h) * D + d[None, :], out.to(out_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _dc_bwd_q_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, first_ptr, lse_ptr, g_ptr, dq_ptr, da_ptr, db_ptr,
+                         mixed_ptr, dmixed_ptr, H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr,
+                         BK: tl.constexpr, W: tl.constexpr):
+        """The query side of dc_mix's backward for BM queries: with A = sum_h a_h P_h and G_h = g_h v_h^T,
+        db_h = rowsum(A G_h), dA = sum_h b_h G_h, da_h = rowsum(dA P_h), dS_h = a_h P_h (dA - da_h) and
+        dq_h = dS_h k_h. Stores A and dA by distance back (W columns) for the key side."""
+        q_pos, k_pos, live, valid = _dc_query_tile(first_ptr, BM, BK)
+        d = tl.arange(0, D)
+        mixed = tl.zeros((BM, BK), dtype=tl.float32)
+        for h in tl.static_range(H):
+            p, _, _ = _dc_probs(q_ptr, k_ptr, lse_ptr, q_pos, k_pos, valid, live, h, H, D)
+            mixed += tl.load(a_ptr + q_pos * H + h)[:, None] * p
+        dmixed = tl.zeros((BM, BK), dtype=tl.float32)
+        for h in tl.static_range(H):
+            g = tl.load(g_ptr + (q_pos[:, None] * H + h) * D + d[None, :])
+            v = tl.load(v_ptr + (k_pos[:, None] * H + h) * D + d[None, :], mask=(k_pos >= 0)[:, None], other=0.0)
+            gv = tl.where(valid, tl.dot(g, tl.trans(v)), 0.0)
+            tl.store(db_ptr + q_pos * H + h, tl.sum(mixed * gv, axis=1))
+            dmixed += tl.load(b_ptr + q_pos * H + h)[:, None] * gv
+        for h in tl.static_range(H):
+            p, _, k = _dc_probs(q_ptr, k_ptr, lse_ptr, q_pos, k_pos, valid, live, h, H, D)
+            da = tl.sum(dmixed * p, axis=1)
+            tl.store(da_ptr + q_pos * H + h, da)
+            ds = tl.load(a_ptr + q_pos * H + h)[:, None] * p * (dmixed - da[:, None])
+            dq = tl.dot(ds.to(k.dtype), k)
+            tl.store(dq_ptr + (q_pos[:, None] * H + h) * D + d[None, :], dq.to(dq_ptr.dtype.element_ty))
+        back = q_pos[:, None] - k_pos[None, :]
+        tl.store(mixed_ptr + q_pos[:, None] * W + back, mixed, mask=valid)
+        tl.store(dmixed_ptr + q_pos[:, None] * W + back, dmixed, mask=valid)
+
+    @triton.jit
+    def _dc_bwd_kv_kernel(q_ptr, k_ptr, a_ptr, b_ptr, first_ptr, lse_ptr, g_ptr, da_ptr, mixed_ptr, dmixed_ptr,
+                          dk_ptr, dv_ptr, N, H: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, BQ: tl.constexpr,
+                          NQ: tl.constexpr, W: tl.constexpr):
+        """The key side of dc_mix's backward for BN keys, over the NQ tiles of BQ queries that can see them:
+        dv_h = (b_h A)^T g_h and dk_h = dS_h^T q_h, from the query side's A, dA and da."""
+        k_pos = tl.program_id(0) * BN + tl.arange(0, BN)
+        d = tl.arange(0, D)
+        for h in tl.static_range(H):
+            dk = tl.zeros((BN, D), dtype=tl.float32)
+            dv = tl.zeros((BN, D), dtype=tl.float32)
+            for i in tl.static_range(NQ):
+                q_pos = tl.program_id(0) * BN + i * BQ + tl.arange(0, BQ)
+                live = q_pos < N
+                valid = _dc_window(first_ptr, q_pos, k_pos, live) & (k_pos < N)[None, :]
+                p, q, _ = _dc_probs(q_ptr, k_ptr, lse_ptr, q_pos, k_pos, valid, live, h, H, D)
+                back = q_pos[:, None] * W + q_pos[:, None] - k_pos[None, :]
+                mixed = tl.load(mixed_ptr + back, mask=valid, other=0.0)
+                dmixed = tl.load(dmixed_ptr + back, mask=valid, other=0.0)
+                g = tl.load(g_ptr + (q_pos[:, None] * H + h) * D + d[None, :], mask=live[:, None], other=0.0)
+                b = tl.load(b_ptr + q_pos * H + h, mask=live, other=0.0)
+                dv += tl.dot(tl.trans(b[:, None] * mixed).to(g.dtype), g)
+                a = tl.load(a_ptr + q_pos * H + h, mask=live, other=0.0)
+                da = tl.load(da_ptr + q_pos * H + h, mask=live, other=0.0)
+                ds = a[:, None] * p * (dmixed - da[:, None])
+                dk += tl.dot(tl.trans(ds).to(q.dtype), q)
+            rows = (k_pos[:, None] * H + h) * D + d[None, :]
+            tl.store(dk_ptr + rows, dk.to(dk_ptr.dtype.element_ty), mask=(k_pos < N)[:, None])
+            tl.store(dv_ptr + rows, dv.to(dv_ptr.dtype.element_ty), mask=(k_pos < N)[:, None])
 
     @triton.jit
     def _qk_rows(x_ptr, cos_ptr, sin_ptr, R, T, sx_b, sx_t, sx_h, eps, HEADS: tl.constexpr, D: tl.constexpr,

@@ -97,13 +97,14 @@ def sample_shards(tmp_path_factory) -> Path:
 
 # a tiny model on real text in the record's shape: layer 1 has no attention, layers 0 and 3 see the long window
 # (and shift their keys), layer 2's heads attend in pairs; value embeddings feed layers 0, 2, 3; layer 0's
-# output skips to layer 2; the layers after layer 1 attend to its output; MUDD on layers 2 and 3; batches grow
-# from 2 to 4 micro-batches
+# output skips to layer 2; the layers after layer 1 attend to its output; MUDD on layers 2 and 3; the MUDD gate's
+# second MLP at layer 2, XSA on layer 0, output gates on 0 and 3, DC on 3; batches grow from 2 to 4 micro-batches
 TINY = ("--device cpu --seq_len 128 --batch_seqs 2,4 --num_layers 4 --model_dim 64 --num_heads 2 --head_dim 32 "
         "--long_window_layers 0,3 --no_attn_layers 1 --paired_head_layers 2 --value_embeds 1,-1,0,1 --skip 0,2 "
-        "--backout_layer 1 --windows 2,4 --final_window 4 --val_window 6 --extension_steps 1 --bigram_vocab 4096 "
-        "--momentum_warmup_steps 3 --momentum_cooldown_steps 1 --warmup_steps 0 --val_tokens 1024 "
-        "--val_seq_len 1024 --fp8_head 0 --fp8_mlp 0").split()
+        "--backout_layer 1 --xsa_layers 0 --mudd_gate_layer 2 --attn_gate_layers 0,3 --dc_layers 3 --windows 2,4 "
+        "--final_window 4 --val_window 6 --extension_steps 1 --bigram_vocab 4096 --momentum_warmup_steps 3 "
+        "--momentum_cooldown_steps 1 --warmup_steps 0 --val_tokens 1024 --val_seq_len 1024 --fp8_head 0 "
+        "--fp8_mlp 0").split()
 
 
 GOLDEN_TOL = 0.005  # a tiny run's losses on other CPUs: twice the largest difference measured (test_training.py)

@@ -1,13 +1,16 @@
 """Run the fp32 Triton kernels (the optimizer's cautious_step_fused, the fp32 sums' add_into_fp32 and
 add_rows_into_fp32) on CPU in Triton's interpreter, where no GPU is at hand: needs triton installed (PyTorch's
-CPU wheels do not bring it). Not run by pytest: the interpreter is slow. Two checks:
+CPU wheels do not bring it). Not run by pytest: the interpreter is slow. Three checks:
 
 1. the fused optimizer step's cases (tests/test_training.py::fused_optimizer_step_cases) against their
    float64 rules, as test_cuda_fused_optimizer_steps_match_float64 checks them on a GPU;
 2. a tiny 10-step run (tests/conftest.py's TINY: Adam steps, the untie, the extension) with those kernels and
    Polar Express's GEMM path (mm_add in fp32), against the same run on the torch rules: the GPU-side glue
    runs end to end, and the losses differ by rounding only (a CPU kernel set alone, ATEN_CPU_CAPABILITY=avx2,
-   moves them by about 0.001).
+   moves them by about 0.001);
+3. DC's kernels (dc_mix and its backward), run in fp32 (the interpreter's bf16 is not numpy's), against
+   dc_correction's torch rule in float64: the output and the grads of q, k, v and both mixes, on two
+   sequences of documents, at DC's window (112), a short one and the longest (128).
 
     python tests/interpreted.py
 """
@@ -20,13 +23,38 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import train_gpt as tg  # noqa: E402
 from conftest import losses, make_sample_shards, tiny_args  # noqa: E402
+from test_train_gpt import token_layouts  # noqa: E402
 from test_training import FUSED_STEP_RTOL, fused_optimizer_step_cases  # noqa: E402
 
 ROUNDING = 0.01  # largest loss difference taken for rounding in the 10-step run
+DC_RTOL = 1e-5   # the DC kernels in fp32 against the rule in float64 (measured: 2.5e-7)
+
+
+def dc_kernel_cases():
+    """(what, relative difference) of dc_mix's output and grads against dc_correction's rule in float64."""
+    tokens = np.stack([token_layouts(512, 4)["block_edges"], token_layouts(512, 4)["random"]])
+    N, H, D = tokens.size, 2, 32
+    gen = torch.Generator().manual_seed(0)
+    for window in (112, 5, 128):
+        first = tg.first_visible(tg.document_starts(torch.from_numpy(tokens)), window - 1)
+        leaves = [torch.randn(N, H, D, generator=gen) * s for s in (0.4, 0.4, 1.0)]
+        leaves += [torch.randn(N, H, generator=gen) for _ in range(2)]
+        ins = [t.clone().requires_grad_() for t in leaves]
+        a = torch.nn.functional.rms_norm(ins[3], (H,), eps=1e-6)
+        out = tg.dc_mix(*ins[:3], a, ins[4], first, window)[0]
+        g = torch.randn(out.shape, generator=gen)
+        grads = torch.autograd.grad(out, ins, g)
+        ref = [t.double().requires_grad_() for t in leaves]
+        want = tg.dc_correction(*(t.view(2, 512, H, D) for t in ref[:3]), *(t.view(2, 512, H) for t in ref[3:]),
+                                first).reshape(N, H, D)
+        wants = torch.autograd.grad(want, ref, g.double())
+        for name, x, y in zip(["out", "dq", "dk", "dv", "d mix_in", "d mix_out"], (out, *grads), (want, *wants)):
+            yield f"DC window {window} {name}", ((x.double() - y).norm() / y.norm()).item()
 
 
 def main() -> int:
@@ -50,6 +78,9 @@ def main() -> int:
     failed += not ok
     print(f"{'ok  ' if ok else 'FAIL'} tiny run, kernels against rules: {len(kernels)} steps, losses at most "
           f"{far:.4f} apart")
+    for what, rel in dc_kernel_cases():
+        failed += not rel <= DC_RTOL
+        print(f"{'ok  ' if rel <= DC_RTOL else 'FAIL'} {what}: relative difference {rel:.1e}")
     return 1 if failed else 0
 
 

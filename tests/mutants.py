@@ -65,10 +65,11 @@ MUTANTS = {
         ("    still = j % (k.size(-1) // 2) >= k.size(-1) // 4", "    still = j >= 0")],
         [f"{T}::test_stationary_keys_take_their_predecessors_values", REFERENCE]),
     "attention gate after the output projection": ("train_gpt.py", [
-        ("        y = (y * gate(x, self.gate_w)[..., None]).reshape(B, T, H * D)\n"
-         "        return sa[1] * mm(y, vo_w[1].mT)\n",
+        ("        if out_gate is not None:\n            y = y * out_gate.type_as(y)[..., None]\n"
+         "        return sa[1] * mm(y.reshape(B, T, H * D), vo_w[1].mT)\n",
          "        y = sa[1] * mm(y.reshape(B, T, H * D), vo_w[1].mT)\n"
-         "        return (y.view(B, T, H, D) * gate(x, self.gate_w)[..., None]).view(B, T, H * D)\n")], [REFERENCE]),
+         "        return y if out_gate is None else (y.view(B, T, H, D) * out_gate[..., None]).view(B, T, H * D)\n")],
+        [REFERENCE]),
     "v not scaled by its lambda": ("train_gpt.py", [
         ("        v = sa[0] * mm(x, vo_w[0]", "        v = 1 * mm(x, vo_w[0]")], [REFERENCE]),
     "value-embedding gate ignored": ("train_gpt.py", [
@@ -77,9 +78,7 @@ MUTANTS = {
     "paired-head value-embedding gate reads the value embedding": ("train_gpt.py", [
         ("            ve_in = x if self.paired else", "            ve_in = x if False else")], [REFERENCE]),
     "x0 is the normed embedding, not the stream layer 0 gets (the record's in-place bigram add)": ("train_gpt.py", [
-        ("            x0 = add_to_first_dims(x0, mixes[0, 5] * bigram)\n        x = x0\n",
-         "            x = add_to_first_dims(x0, mixes[0, 5] * bigram)\n        x = x if bigram is not None else x0\n")],
-        [REFERENCE]),
+        ("        if self.gate is None:\n            x0 = first\n", "")], [REFERENCE]),
     "bigram sign table unused": ("train_gpt.py", [
         ("            bigram = bigram * self.bigram_sign_table[", "            bigram = bigram + 0 * self.bigram_sign_table[")],
         [REFERENCE]),
@@ -117,13 +116,15 @@ MUTANTS = {
          'other_train_gpt.py)" if False else "")')],
         ["tests/test_trust.py::test_checkpoints_with_the_right_keys_and_wrong_contents"]),
     "XSA's share without its tanh": ("train_gpt.py", [
-        ("            y = y - torch.tanh(self.xsa_w).type_as(y)[:, None]", "            y = y - self.xsa_w.type_as(y)[:, None]")],
+        ("        xsa = torch.tanh(self.xsa_w)[:, None] if", "        xsa = self.xsa_w[:, None] if")], [REFERENCE]),
+    "the MUDD gate's XSA shares without their tanh": ("train_gpt.py", [
+        ("None if gates.xsa is None else torch.tanh(gates.xsa)[..., None]", "None if gates.xsa is None else gates.xsa[..., None]")],
         [REFERENCE]),
     "XSA along the value unnormalized": ("train_gpt.py", [
         ("            unit_v = F.normalize(v, dim=-1, eps=1e-4)\n", "            unit_v = v\n")], [REFERENCE]),
     "XSA on paired heads too (their values interleaved)": ("train_gpt.py", [
-        ("    return cfg.xsa and i not in cfg.paired_head_layers\n", "    return cfg.xsa\n")],
-        [f"{T}::test_full_size_model_has_the_record_parameters"]),
+        ('("--xsa_layers", cfg.xsa_layers if cfg.xsa else (), single,', '("--xsa_layers", cfg.xsa_layers if cfg.xsa else (), attn,')],
+        ["tests/test_train_gpt.py::test_gate_and_dc_layouts_are_checked"]),
     "MUDD's last layer keeps a value gate of its own": ("train_gpt.py", [
         ("    return cfg.value_embeds[i] >= 0 and not (cfg.mudd and i == cfg.num_layers - 1)\n",
          "    return cfg.value_embeds[i] >= 0\n")], [f"{T}::test_full_size_model_has_the_record_parameters"]),
@@ -175,7 +176,42 @@ MUTANTS = {
         ("x[:, 1:] + share * x[:, :-1]", "x[:, 1:] + share * x[:, 1:]")], [REFERENCE]),
     "no backout": ("train_gpt.py", [("        return x - backout * backout_x\n", "        return x\n")], [REFERENCE]),
     "skip gate ignores x0": ("train_gpt.py", [
-        ("2 * torch.sigmoid(skip_w) * gate(x0, self.skip_gate_w)", "2 * torch.sigmoid(skip_w)")], [REFERENCE]),
+        ("else 2 * gate(x0, self.skip_gate_w)", "else 2")], [REFERENCE]),
+    # the MUDD gate and DC (2026-05-27-MuddGatedAndDC v3)
+    "the MUDD gate's second MLP reads x0": ("train_gpt.py", [
+        ("                coef.update(self.gate.coefficients(x, 1))", "                coef.update(self.gate.coefficients(x0, 1))")],
+        [REFERENCE]),
+    "the MUDD gate without its learned scale": ("train_gpt.py", [
+        (" + self.bias[j, :n].type_as(x)) * self.scale.type_as(x)", " + self.bias[j, :n].type_as(x)) * GATE_SCALE_INIT")],
+        [REFERENCE]),
+    "the MUDD gate's bigram and x0 shares swapped": ("train_gpt.py", [
+        ('for i in own(inject) for kind in ("x0", "bigram")]', 'for i in own(inject) for kind in ("bigram", "x0")]')],
+        [REFERENCE, f"{T}::test_full_size_model_has_the_record_parameters"]),
+    "the gated output gates through a sigmoid": ("train_gpt.py", [
+        ("        out_gate = gate(x, self.gate_w) if self.gate_w is not None else gates.out\n",
+         "        out_gate = gate(x, self.gate_w) if self.gate_w is not None else gates.out and gates.out.sigmoid()\n")],
+        [REFERENCE]),
+    "the MUDD gate's skip weight unused": ("train_gpt.py", [
+        ('                weight = coef["skip", i] if self.gate is not None', '                weight = 1.0 if self.gate is not None')],
+        [REFERENCE]),
+    "DC's window one token wider": ("train_gpt.py", [
+        ('        masks["dc"] = first_visible(starts, dc_window - 1)', '        masks["dc"] = first_visible(starts, dc_window)')],
+        [REFERENCE]),
+    "DC's head mix not rms-normed": ("train_gpt.py", [
+        ("    a = F.rms_norm(mix_in.float(), (H,), eps=1e-6).type_as(mix_in)", "    a = mix_in")],
+        [f"{T}::test_dc_correction_equals_brute_force", REFERENCE]),
+    "DC's output not scaled per head": ("train_gpt.py", [
+        ("    return (mix_out.reshape(nb, n, H, 1).type_as(out) * out).reshape(B, T, H, D)", "    return out.reshape(B, T, H, D)")],
+        [f"{T}::test_dc_correction_equals_brute_force", REFERENCE]),
+    "DC's keys reach one block less far back": ("train_gpt.py", [
+        ("    nb, back = B * T // n, DC_BACK // n", "    nb, back = B * T // n, DC_BACK // n - 1")],
+        [f"{T}::test_dc_correction_equals_brute_force"]),
+    "DC on the layers without it too": ("train_gpt.py", [
+        ('        dc = (coef["dc_in", i], coef["dc_out", i], masks["dc"], self.dc_window) if ("dc_in", i) in coef else None',
+         '        j = max(k[1] for k in coef if k[0] == "dc_in") if any(k[0] == "dc_in" for k in coef) else None\n'
+         '        dc = (coef["dc_in", j], coef["dc_out", j], masks["dc"], self.dc_window) if j is not None and '
+         'self.blocks[i].attn is not None and not self.blocks[i].paired else None')],
+        [REFERENCE]),
     "value embeddings fed to the wrong layers": ("train_gpt.py", [
         ("ve[self.ve_of_layer[i]] if", "ve[self.ve_of_layer[i] - 1] if")],
         [f"{T}::test_skip_backout_bigram_and_value_embeddings_follow_the_record"]),

@@ -4,6 +4,7 @@ factor, torch.optim.Adam, a float64 forward pass of the whole model, and the def
 import dataclasses
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -142,7 +143,9 @@ RECORD_PAIRED = {0, 2, 5, 9}
 RECORD_VE = {1: 0, 2: 1, 8: 2, 9: 3, 10: 4}  # layer -> value-embedding table (2026-01-26: one each; 02-03: 1, 2)
 RECORD_SKIP = (3, 6)                          # layer 3's output joins layer 6's input
 RECORD_BACKOUT = 7
+RECORD_DC_WINDOW = 112                        # 2026-05-27-MuddGatedAndDC v3: DC on layer 10 over 112 tokens
 L = 11
+STATIC = dict(mudd_gate=False, dc_layers=(), xsa_layers=(1, 3, 4, 7, 8, 10))  # the layout before 2026-05-27 v3
 
 
 def record_layout_at_tiny_width(**over):
@@ -183,8 +186,8 @@ def test_skip_backout_bigram_and_value_embeddings_follow_the_record():
     layer's injection 2 x0, plus 0.75 on the first 16 dims from layer 1 on (2026-03-06_SimplifyHC); layer 6
     gets layer 3's output through the skip; the layers after 7 attend to layer 7's output; tables filled with
     t+1 show which value embedding reached which layer; the output is the last layer's minus backout x layer
-    7's (--mudd 0: MUDD's routing is the float64 reference's)."""
-    cfg = record_layout_at_tiny_width(mudd=False, bigram_signs=0)
+    7's (--mudd 0: MUDD's routing is the float64 reference's; without the MUDD gate, whose shares are too)."""
+    cfg = record_layout_at_tiny_width(mudd=False, bigram_signs=0, bigram_dim=16, **STATIC)
     model = tg.GPT(cfg).float()  # an fp32 residual stream, so the offsets below are exact
     for t, e in enumerate(model.value_embeds):
         e.weight.data.fill_(t + 1)
@@ -201,7 +204,8 @@ def test_skip_backout_bigram_and_value_embeddings_follow_the_record():
             super().__init__()
             self.i, self.long_window, self.paired, self.attn = i, block.long_window, block.paired, block.attn
 
-        def forward(self, x, x0, bigram, attn_in, mix, ve, masks, rot, sa, flex_options=None, skip=None):
+        def forward(self, x, x0, bigram, attn_in, mix, ve, masks, rot, sa, flex_options=None, skip=None, mudd=None,
+                    gates=None):
             if skip is not None:
                 x = x + skip[0] * skip[1]
             inject = mix[4] * x0 + (0 if bigram is None else torch.nn.functional.pad(mix[5] * bigram, (0, 48)))
@@ -279,14 +283,52 @@ def ref_bigram(ids: np.ndarray, rows: int) -> list:
     return [rows - 1] + [((36313 * int(ids[i])) ^ (27191 * int(ids[i - 1]))) % (rows - 1) for i in range(1, len(ids))]
 
 
-def ref_attention(P, i, h, ve, tokens, window, heads, f, scale, v_add=None, ve_gate=None):
+def ref_dc(q, k, v, a, b, tokens, window):
+    """Lightweight DC, brute force (record 2026-05-27-MuddGatedAndDC's post-only correction): per query t the keys
+    of its document within window positions, itself included; per head h, P_h = softmax of q_h . k_h over them;
+    A = sum_h (a_h / rms over heads of a) P_h; head h's correction b_h sum_j A_j v_h[j]. q carries the scale;
+    (T, heads, dim) and (T, heads)."""
+    visible = torch.from_numpy(reference_mask(tokens, window - 1))
+    scores = torch.einsum("qhd,khd->hqk", q, k).masked_fill(~visible, float("-inf"))
+    a = a / a.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+    A = torch.einsum("qh,hqk->qk", a, scores.softmax(-1))
+    return b[..., None] * torch.einsum("qk,khd->qhd", A, v)
+
+
+def test_dc_correction_equals_brute_force():
+    """dc_correction's blocked product against ref_dc in float64, on two sequences side by side with documents
+    on block edges and inside blocks, at DC's window (112), a short one and the longest (128); the grads of q,
+    k, v and both mixes too."""
+    gen = torch.Generator().manual_seed(3)
+    layouts = token_layouts(512, 4)
+    tokens = np.stack([layouts["block_edges"], layouts["random"]])
+    H, D = 3, 16
+    leaves = [torch.randn(2, 512, H, D, generator=gen, dtype=torch.float64) * s for s in (0.4, 0.4, 1.0)]
+    leaves += [torch.randn(2, 512, H, generator=gen, dtype=torch.float64) for _ in range(2)]
+    for window in (112, 5, 128):
+        ins = [t.clone().requires_grad_() for t in leaves]
+        first = tg.first_visible(tg.document_starts(torch.from_numpy(tokens)), window - 1)
+        got = tg.dc_correction(*ins, first)
+        ref_ins = [t.clone().requires_grad_() for t in leaves]
+        want = torch.stack([ref_dc(*(t[b] for t in ref_ins), tokens[b], window) for b in range(2)])
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        R = torch.randn(want.shape, generator=gen, dtype=torch.float64)
+        (got * R).sum().backward()
+        (want * R).sum().backward()
+        for x, y in zip(ins, ref_ins):
+            torch.testing.assert_close(x.grad, y.grad, rtol=1e-4, atol=1e-6)
+
+
+def ref_attention(P, i, h, ve, tokens, window, heads, f, scale, v_add=None, ve_gate=None, gated=None):
     """Layer i's attention on its normed input h (T, dim), brute force: QK rms-normed then turned (paired heads:
     head j of token t at position 2t + j mod 2), q times the scale; keys of long-window layers take their
     predecessor's values in the dims RoPE leaves still; v times the layer's first attention scalar, plus the
     value embedding times 2 sigmoid of its gate, which reads the first 6 dims of h and of the value embedding
     (2026-02-03), on paired-head layers h's first 12 (the record's paired branch); paired heads attend over heads 0..H/2-1 of token t at position
     2t and the rest at 2t+1; each head's output times sigmoid of its gate, then the output projection times the
-    layer's second attention scalar."""
+    layer's second attention scalar. gated: the MUDD gate's coefficients for this layer (2026-05-27 v3), where
+    they replace XSA's constant shares and the sigmoid gates (layers without one are not scaled), and DC's
+    correction joins the attention's output before XSA."""
     T, dim = h.shape
     D, paired = dim // heads, i in RECORD_PAIRED
     W = [*P[f"blocks.{i}.attn.qk_w"].reshape(2, dim, dim), *P[f"blocks.{i}.attn.vo_w"]]  # q, k, v, o
@@ -310,11 +352,37 @@ def ref_attention(P, i, h, ve, tokens, window, heads, f, scale, v_add=None, ve_g
     visible = torch.from_numpy(reference_mask(tokens, window, paired))
     scores = torch.einsum("qhd,khd->hqk", q, k).masked_fill(~visible, float("-inf"))
     y = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(T, heads, D)
-    if f"blocks.{i}.attn.xsa_w" in P:  # gated XSA (2026-05-07): y - tanh(a) (y . v/|v|) v/|v| per head
+    if gated is not None and "dc" in gated:
+        y = y + ref_dc(q, k, v, *gated["dc"], tokens, RECORD_DC_WINDOW)
+    xsa = torch.tanh(P[f"blocks.{i}.attn.xsa_w"]) if f"blocks.{i}.attn.xsa_w" in P else \
+        torch.tanh(gated["xsa"]) if gated is not None and "xsa" in gated else None
+    if xsa is not None:  # gated XSA (2026-05-07): y - tanh(a) (y . v/|v|) v/|v| per head
         unit = v / v.norm(dim=-1, keepdim=True).clamp_min(1e-4)
-        y = y - torch.tanh(P[f"blocks.{i}.attn.xsa_w"])[:, None] * (y * unit).sum(-1, keepdim=True) * unit
-    y = y * torch.sigmoid(h[:, :12] @ P[f"blocks.{i}.attn.gate_w"].T)[..., None]
+        y = y - xsa[..., None] * (y * unit).sum(-1, keepdim=True) * unit
+    if gated is None:
+        y = y * torch.sigmoid(h[:, :12] @ P[f"blocks.{i}.attn.gate_w"].T)[..., None]
+    elif "out" in gated:
+        y = y * gated["out"][..., None]
     return sa[1] * (y.reshape(T, dim) @ W[3].T)
+
+
+def ref_gate(P: dict, x: torch.Tensor, j: int, heads: int) -> dict:
+    """The MUDD gate's MLP j on x (T, dim), (gelu(x W1_j^T) W2_j^T + b_j) times the learned scale, unpacked as
+    record 2026-05-27-MuddGatedAndDC v3's unpack_pre_mudd_gate / unpack_post_mudd_gate do at 6 heads, with H
+    heads in place of 6: {layer: {kind: (T, H) or (T,)}}; "skip" under layer 6."""
+    u = x @ P["gate.w_in"][j].T
+    c = ((u * 0.5 * (1 + torch.erf(u / 2 ** 0.5))) @ P["gate.w_out"][j].T + P["gate.bias"][j]) * P["gate.scale"]
+    H, out = heads, {}
+    xsa_layers, out_layer, inject = ((1, 3), 3, (0, 1, 2, 3)) if j == 0 else ((4, 7), 10, (4, 5, 7, 8, 9))
+    for n, layer in enumerate(xsa_layers):
+        out.setdefault(layer, {})["xsa"] = c[:, n * H:(n + 1) * H]
+    out.setdefault(out_layer, {})["out"] = c[:, 2 * H:3 * H]
+    for n, layer in enumerate(inject):
+        out.setdefault(layer, {}).update(x0=c[:, 3 * H + 2 * n], bigram=c[:, 3 * H + 2 * n + 1])
+    if j == 1:
+        out[6] = {"skip": c[:, 3 * H + 10]}
+        out[10]["dc"] = (c[:, 3 * H + 11:4 * H + 11], c[:, 4 * H + 11:5 * H + 11])
+    return out
 
 
 def ref_hidden(P: dict, tokens: np.ndarray, short: int, long: int, stages: list, heads: int) -> torch.Tensor:
@@ -325,12 +393,17 @@ def ref_hidden(P: dict, tokens: np.ndarray, short: int, long: int, stages: list,
     on), where the input is x, or layer 7's output for the layers after it; layer 6 (no attention) instead
     adds 2 sigmoid(skip) sigmoid(gate of x0) x layer 3's output; then x = rm_i x + pm_i mlp(rmsnorm(x)), a
     ReLU^2 MLP; the output is the last layer's less backout x layer 7's. With MUDD (2026-04-22_MuddFormer v3's
-    forward, when P has its weights): see ref_mudd_weights; no backout scalar."""
+    forward, when P has its weights): see ref_mudd_weights; no backout scalar. With the MUDD gate (2026-05-27
+    v3, when P has its weights): ref_gate on x0 before layer 0 and on the stream entering layer 4 gives x0's
+    and the bigram's shares per token, the skip's weight (times sigmoid(skip), no gate of x0) and the heads'
+    coefficients (ref_attention's gated); x0 is the stream before the bigram joins it, MUDD's x0 after."""
     ids = torch.from_numpy(tokens).long()
     s = P["scalars"]
-    mudd = "mudd.w_in" in P
+    mudd, gated = "mudd.w_in" in P, "gate.w_in" in P
     smear, backout, skip = s[2 * L], None if mudd else s[2 * L + 1], s[-1]
-    resid, post, x0w, bigram_w = P["resid_lambdas"], P["post_lambdas"], P["x0_lambdas"], P["bigram_lambdas"]
+    resid, post = P["resid_lambdas"], P["post_lambdas"]
+    if not gated:
+        x0w, bigram_w = P["x0_lambdas"], P["bigram_lambdas"]
     x = P["embed.weight"][ids]
     x = torch.cat([x[:1], x[1:] + smear * torch.sigmoid(x[1:, :12] @ P["smear_gate_w"].T) * x[:-1]])
     x = ref_rms(x)
@@ -338,22 +411,36 @@ def ref_hidden(P: dict, tokens: np.ndarray, short: int, long: int, stages: list,
     bigram = P["bigram_embed.weight"][ref_bigram(tokens, P["bigram_embed.weight"].size(0))] * \
         table[ref_signs(tokens, table.size(0))]
     bigram = torch.cat([bigram, bigram.new_zeros(len(ids), x.size(1) - bigram.size(1))], dim=1)  # first dims only
-    x = x0 = xm = x + bigram_w[0] * bigram  # the record's in-place add: its x0 (and MUDD's) is this stream
+    if gated:  # the shares as per-token columns
+        g = ref_gate(P, x, 0, heads)
+        x0w = {i: c["x0"][:, None] for i, c in g.items() if "x0" in c}
+        bigram_w = {i: c["bigram"][:, None] for i, c in g.items() if "bigram" in c}
+        x0, xm = x, x + bigram_w[0] * bigram  # 2026-05-27 v3: x = x0.clone(), then the bigram joins x alone
+        x = xm
+    else:
+        g = {}
+        x = x0 = xm = x + bigram_w[0] * bigram  # the record's in-place add: its x0 (and MUDD's) is this stream
     f, scale = ref_yarn(x.size(-1) // heads, stages)
     outputs, last = {}, None  # last: what MUDD after layer 9 makes for layer 10
     for i in range(L):
+        if gated and i == 4:
+            g.update(ref_gate(P, x, 1, heads))
+            for j in (4, 5, 7, 8, 9):
+                x0w[j], bigram_w[j] = g[j]["x0"][:, None], g[j]["bigram"][:, None]
         if i == RECORD_SKIP[1]:
-            gate = 2 * torch.sigmoid(skip) * torch.sigmoid(x0[:, :12] @ P["skip_gate_w"].T)
+            gate = torch.sigmoid(skip) * g[6]["skip"][:, None] if gated else \
+                2 * torch.sigmoid(skip) * torch.sigmoid(x0[:, :12] @ P["skip_gate_w"].T)
             x = x + gate * outputs[RECORD_SKIP[0]]
         if i not in RECORD_NO_ATTN:
             ve = P[f"value_embeds.{RECORD_VE[i]}.weight"][ids] if i in RECORD_VE else None
             window = long if i in RECORD_LONG else short
             h = ref_rms(outputs[RECORD_BACKOUT] if i > RECORD_BACKOUT else x)
+            coefs = {k: v for k, v in g.get(i, {}).items() if k in ("xsa", "out", "dc")} if gated else None
             if last is None:
-                y = ref_attention(P, i, h, ve, tokens, window, heads, f, scale)
+                y = ref_attention(P, i, h, ve, tokens, window, heads, f, scale, gated=coefs)
                 x = resid[i, 0] * x + post[i, 0] * y + x0w[i] * x0 + (bigram_w[i] * bigram if i > 0 else 0)
             else:
-                y = ref_attention(P, i, h, ve, tokens, window, heads, f, scale, last["v"], last["ve_gate"])
+                y = ref_attention(P, i, h, ve, tokens, window, heads, f, scale, last["v"], last["ve_gate"], coefs)
                 x = last["ra"] * x + last["pa"] * y + (last["x0"] * xm + last["big"] * bigram)
         y = torch.relu(ref_rms(x) @ P[f"blocks.{i}.mlp.fc_w"].T).square() @ P[f"blocks.{i}.mlp.proj_w"]
         x = (resid[i, 1] * x + post[i, 1] * y) if last is None else (last["rm"] * x + last["pm"] * y)
@@ -388,22 +475,23 @@ def randomized_record_model(seed: int, **over) -> "tg.GPT":
     model = tg.GPT(record_layout_at_tiny_width(**over)).float()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            scale = 1.0 if "embed" in name or "head" in name else 1.5 * p.size(-1) ** -0.5
-            if name in ("scalars", "x0_lambdas", "resid_lambdas", "post_lambdas", "bigram_lambdas"):
+            scale = 1.0 if "embed" in name or "head" in name or p.dim() == 0 else 1.5 * p.size(-1) ** -0.5
+            if name in ("scalars", "x0_lambdas", "resid_lambdas", "post_lambdas", "bigram_lambdas", "gate.scale"):
                 p.copy_(torch.rand(p.shape, generator=gen) * 0.6 + 0.4)
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * scale)
     return model
 
 
-@pytest.mark.parametrize("short,long,stages,heads,mudd", [(0, 300, [1], 2, True), (192, 384, [3, 7, 11], 4, True),
-                                                         (192, 384, [3, 7], 2, False)])
-def test_model_equals_float64_reference(short, long, stages, heads, mudd):
+@pytest.mark.parametrize("short,long,stages,heads,over", [(0, 300, [1], 2, {}), (192, 384, [3, 7, 11], 4, {}),
+                                                         (192, 384, [3, 7], 2, dict(STATIC, mudd=False)),
+                                                         (128, 256, [2, 3], 2, STATIC)])
+def test_model_equals_float64_reference(short, long, stages, heads, over):
     """Hidden states, the multi-token loss with the head, and the grads of every parameter against ref_hidden, a
     float64 forward pass written from the record's description (it shares no code with train_gpt.py but the
     parameter names). At fp32 the model is exact to rounding (1e-5); its head is a bf16 matmul, as the record's,
     so the reference rounds the head's operands and logits to bf16 too."""
-    model = randomized_record_model(len(stages), num_heads=heads, head_dim=64 // heads, mudd=mudd)
+    model = randomized_record_model(len(stages), num_heads=heads, head_dim=64 // heads, **over)
     model.rotary.set_stages(stages)
     tokens = token_layouts(513, 0)["random"]
     idx, targets = tokens[:-1], tokens[1:]
@@ -713,7 +801,8 @@ def tiny_optimizer(**over):
     cfg = tg.parse_args(["--device", "cpu", "--num_layers", "3", "--model_dim", "64", "--num_heads", "2",
                          "--head_dim", "32", "--long_window_layers", "0", "--no_attn_layers", "", "--paired_head_layers",
                          "", "--value_embeds", "0,-1,-1", "--skip", "0,1", "--backout_layer", "0", "--seq_len", "128",
-                         "--val_seq_len", "128", "--val_tokens", "128", "--bigram_vocab", "1000"])
+                         "--val_seq_len", "128", "--val_tokens", "128", "--bigram_vocab", "1000", "--xsa_layers", "1",
+                         "--mudd_gate_layer", "1", "--attn_gate_layers", "0,2", "--dc_layers", "2"])
     tg.check_config(cfg)
     cfg = dataclasses.replace(cfg, **over)
     model = tg.GPT(cfg)
@@ -726,7 +815,7 @@ def test_sharded_adam_equals_torch_adam_with_cautious_decay():
     """The bucketed, sharded Adam step on the fp32 groups (scalars, residual and injection lambdas) equals
     torch.optim.Adam at the
     group's lr times the schedule factor, followed by the decay lr^2 * wd where update and weight agree."""
-    cfg, model, opt = tiny_optimizer(adam_wd=0.5)
+    cfg, model, opt = tiny_optimizer(adam_wd=0.5, mudd_gate=False, dc_layers=())
     groups = {"scalars": [model.scalars], "resid": [model.resid_lambdas],
               "inject": [model.post_lambdas, model.x0_lambdas, model.bigram_lambdas]}
     refs = {g: [p.detach().clone().requires_grad_() for p in ps] for g, ps in groups.items()}
@@ -994,17 +1083,23 @@ def test_a_saved_config_reads_back_as_the_same_hyperparameters():
 
 def test_defaults_are_the_records():
     """The constants of the default's records (2026-04-22_MuddFormer v3, 2026-05-07_XSAGatedLayers,
-    2026-05-19_FP8MLPUpProj, 2026-05-20_BigramsSignTrick), as their logs' scripts set them; 1390 steps as the
-    speedrun's master ran the four together (the 1390-step baseline of its 2026-07-13 record)."""
+    2026-05-19_FP8MLPUpProj, 2026-05-20_BigramsSignTrick, 2026-05-27-MuddGatedAndDC v3), as their logs' scripts
+    set them."""
     cfg = tg.Hyperparameters()
-    assert tg.bigram_width(cfg) == 192 and cfg.bigram_signs == 8192 and cfg.fp8_mlp
-    record = dict(num_steps=1390, extension_steps=10, mudd=True, xsa=True, cooldown_frac=0.60, lr_stage_scales=(1.0, 1.52, 1.73),
+    assert tg.bigram_width(cfg) == 768 and cfg.bigram_signs == 8192 and cfg.fp8_mlp
+    # 2026-05-27 v3: XSA on 1, 3, 4, 7; gates on 3 and 10; DC on 10 over 112 tokens; the post gate at layer 4
+    assert (cfg.xsa_layers, cfg.attn_gate_layers, cfg.dc_layers, cfg.dc_window) == ((1, 3, 4, 7), (3, 10), (10,), 112)
+    assert cfg.mudd_gate and cfg.mudd_gate_layer == 4
+    assert (tg.GATE_HIDDEN, tg.GATE_SCALE_INIT, tg.DC_BACK) == (64, 0.1, 128)
+    assert tg.GATE_START == {"xsa": 0.0, "out": 0.25, "x0": 0.0, "bigram": 0.05, "skip": 0.5, "dc_in": 1.0,
+                             "dc_out": 0.0}
+    record = dict(num_steps=1290, extension_steps=15, mudd=True, xsa=True, cooldown_frac=0.60, lr_stage_scales=(1.0, 1.52, 1.73),
                   batch_seqs=(8, 16, 24), seq_len=16384, max_doc_len=(896, 2048, 2048), windows=(3, 7, 11), final_window=13,
                   val_window=20, split_embed_frac=2 / 3, mtp=True, val_seq_len=262_144, val_tokens=10_485_760,
                   val_every=250, target_val_loss=3.28, vocab_size=50304, num_layers=11, model_dim=768, num_heads=6,
                   head_dim=128, long_window_layers=(3, 10), no_attn_layers=(6,), paired_head_layers=(0, 2, 5, 9),
                   value_embeds=(-1, 0, 1, -1, -1, -1, -1, -1, 2, 3, 4), skip=(3, 6), backout_layer=7,
-                  bigram_vocab=754_560, fp8_head=True, muon_lr=0.023, muon_wd=1.2, muon_beta2=0.9, adam_lr=0.008,
+                  bigram_vocab=377_280, fp8_head=True, muon_lr=0.023, muon_wd=1.2, muon_beta2=0.9, adam_lr=0.008,
                   adam_wd=0.005, adam_eps=1e-10, momentum_warmup_steps=300, momentum_cooldown_steps=50)
     assert {k: getattr(cfg, k) for k in record} == record
     assert [n * cfg.seq_len for n in cfg.batch_seqs] == [131_072, 262_144, 393_216]
@@ -1015,17 +1110,20 @@ def test_defaults_are_the_records():
     assert len(tg.POLAR_EXPRESS_COEFFS) == 5
     lr_mul = {g: a.lr_mul for g, a in tg.ADAM_GROUPS.items()}
     assert lr_mul == {"head": 1.0, "embeds": 75.0, "scalars": 5.0, "resid": 5.0, "inject": 1.0, "gates": 1.0,
-                      "smear": 0.01, "skip": 0.05, "xsa": 1.0, "mudd": 0.25, "mudd_bias": 0.25}
+                      "smear": 0.01, "skip": 0.05, "xsa": 1.0, "mudd": 0.25, "mudd_bias": 0.25, "mudd_gate": 0.1,
+                      "mudd_gate_bias": 0.1}
     assert {g: a.wd_mul for g, a in tg.ADAM_GROUPS.items()} == {"head": 150.0, "embeds": 5.0, "scalars": 0.0,
                                                                  "resid": 0.0, "inject": 0.0, "gates": 1.0,
                                                                  "smear": 0.0, "skip": 0.0, "xsa": 0.0,
-                                                                 "mudd": 1.0, "mudd_bias": 0.0}
+                                                                 "mudd": 1.0, "mudd_bias": 0.0, "mudd_gate": 1.0,
+                                                                 "mudd_gate_bias": 0.0}
     assert {g: a.betas for g, a in tg.ADAM_GROUPS.items()} == {
         "head": (0.5, 0.95), "embeds": (0.75, 0.95), "scalars": (0.9, 0.99), "resid": (0.9, 0.95),
         "inject": (0.9, 0.95), "gates": (0.9, 0.99), "smear": (0.9, 0.99), "skip": (0.9, 0.99),
-        "xsa": (0.9, 0.95), "mudd": (0.9, 0.99), "mudd_bias": (0.9, 0.99)}
+        "xsa": (0.9, 0.95), "mudd": (0.9, 0.99), "mudd_bias": (0.9, 0.99), "mudd_gate": (0.9, 0.99),
+        "mudd_gate_bias": (0.9, 0.99)}
     assert tg.MUON_GROUPS == {"attn_qk": 1.0, "attn_vo": 1.0, "mlp_in": 1.0, "mlp_out": 2.0}
-    assert tg.split_step(cfg) == 921  # round(2/3 x 1380) | 1
+    assert tg.split_step(cfg) == 851  # round(2/3 x 1275) | 1
     assert (tg.MUDD_HIDDEN, tg.MUDD_COLS, tg.MUDD_SCALE, tg.MUDD_V_SCALE, tg.MUDD_BACKOUT_BIAS) == (
         64, 8, 0.2 / 3 ** 0.5, 1.15, -4.34)
     assert tg.LR_FLOOR == 0.15
@@ -1040,12 +1138,16 @@ def test_full_size_model_has_the_record_parameters():
     f32, bf16, V = torch.float32, torch.bfloat16, 50304
     assert shapes["embed.weight"] == ((V, 768), bf16) and shapes["head_w"] == ((V, 768), bf16)
     assert [shapes[f"value_embeds.{i}.weight"] for i in range(5)] == [((V, 768), bf16)] * 5
-    assert shapes["bigram_embed.weight"] == ((15 * V, 192), bf16)
-    assert (model.bigram_sign_table.shape, model.bigram_sign_table.dtype) == ((8192, 192), bf16)
+    assert shapes["bigram_embed.weight"] == ((15 * V // 2, 768), bf16)  # 2026-05-27 v3
+    assert (model.bigram_sign_table.shape, model.bigram_sign_table.dtype) == ((8192, 768), bf16)
     assert shapes["scalars"] == ((2 * L + 2,), f32)  # no backout scalar with MUDD
-    assert shapes["x0_lambdas"] == shapes["bigram_lambdas"] == ((L,), f32)
     assert shapes["resid_lambdas"] == shapes["post_lambdas"] == ((L, 2), f32)
-    assert shapes["smear_gate_w"] == shapes["skip_gate_w"] == ((1, 12), bf16)
+    assert shapes["smear_gate_w"] == ((1, 12), bf16)
+    # the MUDD gate makes x0's and the bigram's shares, the skip's weight, XSA's shares and the output gates
+    for gone in ["x0_lambdas", "bigram_lambdas", "skip_gate_w"]:
+        assert gone not in shapes
+    assert shapes["gate.w_in"] == ((2, 64, 768), bf16) and shapes["gate.w_out"] == ((2, 41, 64), bf16)
+    assert shapes["gate.bias"] == ((2, 41), bf16) and shapes["gate.scale"] == ((), f32)
     for i in range(L):
         assert shapes[f"blocks.{i}.mlp.fc_w"] == shapes[f"blocks.{i}.mlp.proj_w"] == ((3072, 768), f32)
         if i in RECORD_NO_ATTN:
@@ -1054,15 +1156,13 @@ def test_full_size_model_has_the_record_parameters():
         # q's and k's rows in head pairs, one NorMuon matrix each (2026-04-08_PairedHeadMuon); v and o whole
         assert shapes[f"blocks.{i}.attn.qk_w"] == ((6, 256, 768), f32)
         assert shapes[f"blocks.{i}.attn.vo_w"] == ((2, 768, 768), f32)
-        assert shapes[f"blocks.{i}.attn.gate_w"] == ((6, 12), bf16)
+        assert f"blocks.{i}.attn.gate_w" not in shapes and f"blocks.{i}.attn.xsa_w" not in shapes
         assert (f"blocks.{i}.attn.ve_gate_w" in shapes) == (i in RECORD_VE and i != 10)  # layer 10's: MUDD's
-        # XSA's per-head shares on the layers without paired heads (2026-05-07: 1, 3, 4, 7, 8, 10)
-        assert shapes.get(f"blocks.{i}.attn.xsa_w") == (None if i in RECORD_PAIRED else ((6,), f32))
     assert shapes["mudd.w_in"] == ((2, 64, 768), bf16) and shapes["mudd.w_out"] == ((2, 64, 2, 8), bf16)
     assert shapes["mudd.bias"] == ((2, 2, 8), bf16)
     counted = sum(p.numel() for p in model.parameters())
-    assert counted == (7 * V * 768 + 15 * V * 192 + 10 * 4 * 768**2 + 11 * 2 * 3072 * 768 + 14 * 6 * 12 + 2 * 12 + 8 * L + 2
-                       + 2 * 64 * 768 + 2 * 64 * 16 + 2 * 16 + 6 * 6)
+    assert counted == (7 * V * 768 + 15 * V // 2 * 768 + 10 * 4 * 768**2 + 11 * 2 * 3072 * 768 + 4 * 6 * 12 + 12
+                       + 6 * L + 2 + 2 * 64 * 768 + 2 * 64 * 16 + 2 * 16 + 2 * 64 * 768 + 2 * 41 * 64 + 2 * 41 + 1)
     muon, adam = tg.param_groups(model)
     assert [tg.muon_shape_factor(p.shape) for p in muon["mlp_in"] + muon["mlp_out"]] == [2.0] * 22
     assert all(tg.muon_shape_factor(p.shape) == 1.0 for p in muon["attn_qk"] + muon["attn_vo"])
@@ -1082,11 +1182,18 @@ def test_full_size_model_has_the_record_parameters():
     assert torch.equal(mudd.bias, want.bfloat16())
     # 2026-03-06_SimplifyHC: residual weights sqrt(1.1) per sublayer, output weights 1, x0's 0, the bigram's 0.05
     assert model.resid_lambdas.sub(1.1 ** 0.5).abs().max() < 1e-7 and model.post_lambdas.eq(1).all()
-    assert model.x0_lambdas.eq(0).all() and model.bigram_lambdas.sub(0.05).abs().max() < 1e-8
-    assert all(b.attn.xsa_w.eq(0).all() for b in model.blocks if b.attn is not None and not b.paired)  # tanh 0
+    # the MUDD gate (2026-05-27 v3): output weights zero, so each coefficient starts at its bias times the scale
+    # 0.1: XSA's shares and x0's 0, the output gates 0.25, the bigram's 0.05, the skip's 0.5, DC's mix in 1 and
+    # out 0 (the record's bs_init, at 2 heads: the pre gate's 2 + 2 + 2 + 8, the post gate's 2 + 2 + 2 + 10 + 1 + 4)
+    gate = model.gate
+    assert gate.w_out.eq(0).all() and 0.9 * 64**-0.5 < gate.w_in.float().abs().max() <= 64**-0.5
+    assert gate.scale.item() == pytest.approx(0.1)
+    pre = [0, 0, 0, 0, 0.25, 0.25] + [0, 0.05] * 4
+    post = [0, 0, 0, 0, 0.25, 0.25] + [0, 0.05] * 5 + [0.5, 1, 1, 0, 0]
+    want = torch.tensor([pre + [0] * (len(post) - len(pre)), post]) / 0.1
+    assert torch.equal(gate.bias, want.bfloat16())
     assert 0.004 < model.head_w.float().std() < 0.006 and torch.equal(model.embed.weight, model.head_w)
-    for zero in [model.bigram_embed.weight, model.smear_gate_w, model.skip_gate_w, model.blocks[0].attn.gate_w,
-                 model.blocks[0].mlp.proj_w]:
+    for zero in [model.bigram_embed.weight, model.smear_gate_w, model.blocks[0].mlp.proj_w]:
         assert zero.eq(0).all()
     for e in model.value_embeds:  # 0.01 randn (2026-02-03)
         assert e.weight.dtype == torch.bfloat16 and 0.0095 < e.weight.float().std() < 0.0105
@@ -1097,10 +1204,27 @@ def test_full_size_model_has_the_record_parameters():
         assert w.abs().max() <= 3**0.5 * std and w.std() > 0.9 * std
 
 
+@pytest.mark.parametrize("flags,says", [
+    (["--xsa_layers", "0,1"], "--xsa_layers names layers [0], which have no attention without paired heads"),
+    (["--dc_layers", "9"], "--dc_layers names layers [9], which have no attention without paired heads"),
+    (["--attn_gate_layers", "6"], "--attn_gate_layers names layers [6], which have no attention"),
+    (["--dc_layers", "3"], "--dc_layers [3] come before --mudd_gate_layer 4"),
+    (["--mudd_gate", "0"], "--dc_layers needs --mudd_gate"),
+    (["--mudd_gate_layer", "11"], "--mudd_gate_layer 11 must be within 1..10"),
+    (["--dc_window", "129"], "--dc_window 129 must be within 1..128"),
+])
+def test_gate_and_dc_layouts_are_checked(flags, says):
+    """XSA and DC need attention without paired heads, the output gates attention; DC's mixes come from the
+    MUDD gate's second MLP, so DC needs the gate and a layer at or after it; DC's window fits its kernel."""
+    with pytest.raises(tg.UserError, match=re.escape(says)):
+        tg.check_config(tg.parse_args(flags))
+    tg.check_config(tg.parse_args(["--mudd_gate", "0", "--dc_layers="]))  # the layout before 2026-05-27
+
+
 def test_attention_and_value_gates_scale_each_head():
     """sigmoid(W x[:12]) per head multiplies that head's output before the output projection; 2 sigmoid(W' x[:12])
     per head multiplies the value embedding added to its values."""
-    cfg = record_layout_at_tiny_width(mudd=False)  # with MUDD the last layer's value gate is MUDD's
+    cfg = record_layout_at_tiny_width(mudd=False, **STATIC)  # with MUDD the last layer's value gate is MUDD's
     attn = tg.GPT(cfg).blocks[10].attn
     rot = tg.Rotary(32, 512)
     attn.vo_w.data[1] = torch.eye(64)  # identity output projection: the gated heads show through
@@ -1150,15 +1274,17 @@ def test_every_symbol_of_the_recipe_map_exists():
 
 def test_auto_micro_batch_fits_the_gpus_free_memory():
     """--micro_batch 0 on a GPU: the largest of 4, 2, 1 that divides the stages' sequences and whose estimated peak
-    fits 90% of the free memory, said in a note. The estimate at the default is the measured one: 32,070 MiB at
-    four sequences a pass on an H100 (records/2026-12-07_fp8sign-h100), 19,537 MiB at two under a 24 GiB cap
-    (records/2026-12-07_cap24-h100)."""
+    fits 90% of the free memory, said in a note. The estimate at the default is the measured one: 34,031 MiB at
+    four sequences a pass on an H100 (records/2026-12-07_muddgate-dc-h100); at two, the 6,267 MiB a sequence that
+    the 2026-05-20 recipe's peaks at four and two (32,070 and 19,537 MiB under a 24 GiB cap,
+    records/2026-12-07_cap24-h100) differ by, less."""
     cfg = tg.Hyperparameters()
-    assert abs(tg.estimated_peak(cfg, 4) / 2**20 - 32070) < 32 and abs(tg.estimated_peak(cfg, 2) / 2**20 - 19537) < 20
+    assert abs(tg.estimated_peak(cfg, 4) / 2**20 - 34031) < 32
+    assert abs(tg.estimated_peak(cfg, 2) / 2**20 - (34031 - (32070 - 19537))) < 20
     chosen = {gib: tg.micro_batch_choice(cfg, 1, gib * 2**30) for gib in (79, 40, 23.6, 16, 10)}
     assert {gib: c[0] for gib, c in chosen.items()} == {79: 4, 40: 4, 23.6: 2, 16: 1, 10: 1}
-    assert chosen[23.6][1] == ("note:micro_batch_auto chose:2 why:peak_near_19.1GiB_(an_estimate)_of_23.6GiB_free;"
-                               "_4_a_pass_would_peak_near_31.3GiB")
+    assert chosen[23.6][1] == ("note:micro_batch_auto chose:2 why:peak_near_21.0GiB_(an_estimate)_of_23.6GiB_free;"
+                               "_4_a_pass_would_peak_near_33.2GiB")
     assert "even_1_a_pass_may_not_fit" in chosen[10][1]
     assert tg.micro_batch_choice(cfg, 1) == (4, "")  # on CPU: divisibility alone, no note
     assert tg.micro_batch_choice(dataclasses.replace(cfg, micro_batch=2), 1, 10 * 2**30) == (2, "")  # as asked

@@ -273,10 +273,10 @@ def test_reduce_scatter_starts_during_backward(comm):
     opt.reduce_in_backward = True
     model(seq[:-1], seq[1:], torch.tensor([128, 256]), torch.tensor([1.0, 0.5, 0.25]))[0].backward()
     # when layer 0's first grad arrives (its MLP input matrix: backward reaches an MLP's output matrix first),
-    # every MLP output matrix is final, the skip gate (layer 2's input) and MUDD's weights and biases (after
-    # layers 2 and 3): on one rank that is 1 NorMuon bucket of 4 and 3 Adam buckets; with two, 5 NorMuon buckets
-    # (layers 3 and 2's MLP matrices, q and k, v and o, and layers 1 and 0's MLP output) and the same 3
-    assert seen[0] == (4 if comm.world == 1 else 8)
+    # every MLP output matrix is final and MUDD's weights and biases (after layers 2 and 3), not the MUDD gate's
+    # (its first MLP reads x0): on one rank that is 1 NorMuon bucket of 4 and 2 Adam buckets; with two, 5 NorMuon
+    # buckets (layers 3 and 2's MLP matrices, q and k, v and o, and layers 1 and 0's MLP output) and the same 2
+    assert seen[0] == (3 if comm.world == 1 else 7)
     assert 0 < seen[1] < len(opt.buckets)
     assert opt.launched == len(opt.buckets)
     opt.step(1.0, 0.9)
@@ -436,13 +436,14 @@ def test_both_compile_scopes_compute_the_eager_step(whole):
             others = torch.cat([a[:smear] - b[:smear], a[smear + 1:] - b[smear + 1:]])
             assert others.float().norm() <= 0.01 * b.float().norm()
             assert abs(a[smear] - b[smear]) <= 0.05 * abs(b[smear])
-        elif group not in ("resid", "inject", "skip"):
+        elif group not in ("resid", "inject", "skip", "mudd_gate", "mudd_gate_bias"):
             # block by block, autograd sums a bf16 tensor's grads (the stream's, used by the attention and the
             # sublayer weights both) in another order: bf16 rounding, 0.4%
             assert (a - b).float().norm() <= 0.01 * b.float().norm(), group
         else:
-            # the weights that scale the stream: the rms-norms make the loss nearly blind to them, so their grads
-            # are sums that cancel to a few % of their terms, and that rounding shows; sign and size still agree
+            # the weights that scale the stream (the MUDD gate makes x0's, the bigram's and the skip's): the rms-norms
+            # make the loss nearly blind to them, so their grads are sums that cancel to a few % of their terms, and
+            # that rounding shows; sign and size still agree
             assert (a - b).float().norm() <= 0.5 * b.float().norm() and b.norm() > 0, group
     if not whole:
         assert 0 < launched_early < len(runs[0][1])
@@ -453,7 +454,9 @@ def test_every_parameter_gets_a_gradient():
     optimizer's buckets."""
     cfg = tg.parse_args([*TINY, "--num_layers", "11", "--long_window_layers", "3,10", "--no_attn_layers", "6",
                          "--paired_head_layers", "0,2,5,9", "--value_embeds", "1,2,-1,-1,-1,-1,-1,-1,0,1,2", "--skip",
-                         "3,6", "--backout_layer", "7"])
+                         "3,6", "--backout_layer", "7", "--xsa_layers", "1,3,4,7", "--mudd_gate_layer", "4",
+                         "--attn_gate_layers", "3,10", "--dc_layers", "10"])
+    tg.check_config(cfg)
     model = tg.GPT(cfg)
     seq = torch.randint(0, 50257, (129,), dtype=torch.int32)
     model(seq[:-1], seq[1:], torch.tensor([128, 256]), torch.tensor([1.0, 0.5, 0.25]))[0].backward()
@@ -528,7 +531,7 @@ def full_width_fp8_head_run(shards: Path, log_dir: Path) -> dict:
     width = ["--model_dim", "768", "--num_heads", "6", "--head_dim", "128", "--num_layers", "2",
              "--long_window_layers", "0", "--no_attn_layers", "1", "--paired_head_layers", "0", "--value_embeds=-1,-1",
              "--bigram_vocab", "0", "--skip", "0,1", "--backout_layer", "0", "--batch_seqs", "1", "--fp8_head", "1",
-             "--mudd", "0"]
+             "--mudd", "0", "--mudd_gate", "0", "--xsa_layers=", "--dc_layers="]
     trainer = tg.build(tg.parse_args(tiny_args(shards, log_dir, *width, "--num_steps", "2")))
     losses_seen = [tg.train_step(trainer, step) for step in range(2)]
     model = trainer.model
@@ -789,6 +792,35 @@ def test_cuda_transposed_equals_torch_transpose():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_dc_kernels_match_float64():
+    """DC's kernels (dc_correction on GPU: the dc_mix op) against its torch rule in float64 on the same bf16
+    values, at the training shape (4 sequences of 16K tokens, documents of up to 2048, 6 heads of 128, DC's
+    window 112): the output and the grads of q, k, v and both mixes. The kernels round the mixed weights and
+    the softmax grads to bf16 for their products (as Flex's and the record's do): ~3e-3 relative. Twice the
+    same grads (no atomics)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    B, T, H, D, window = 4, 16384, 6, 128, 112
+    ids = torch.randint(0, 50000, (B, T), device="cuda", generator=gen)
+    ids[torch.rand(B, T, device="cuda", generator=gen) < 1 / 800] = tg.BOS_ID
+    first = tg.first_visible(tg.document_starts(ids), window - 1)
+    leaves = [(torch.randn(B, T, H, D, device="cuda", generator=gen) * s).bfloat16() for s in (0.4, 0.4, 1.0)]
+    leaves += [torch.randn(B, T, H, device="cuda", generator=gen).bfloat16() for _ in range(2)]
+    g = torch.randn(B, T, H, D, device="cuda", generator=gen).bfloat16()
+    runs = []
+    for _ in range(2):
+        ins = [t.clone().requires_grad_() for t in leaves]
+        out = tg.dc_correction(*ins, first, window)
+        runs.append((out, *torch.autograd.grad(out, ins, g)))
+    assert all(torch.equal(x, y) for x, y in zip(*runs))
+    ref = [t.cpu().double().requires_grad_() for t in leaves]
+    want = tg.dc_correction(*ref, first.cpu(), window)
+    wants = (want, *torch.autograd.grad(want, ref, g.cpu().double()))
+    for name, got, ref_t in zip(["out", "dq", "dk", "dv", "d mix_in", "d mix_out"], runs[0], wants):
+        err = ((got.cpu().double() - ref_t).norm() / ref_t.norm()).item()
+        assert err < 1e-2, (name, err)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("paired", [False, True])
 def test_cuda_qk_norm_rotary_kernels_match_float64(paired):
     """The QK-norm + rotary op's kernels against float64 autograd of the torch rule (norm_rotary_qk on CPU),
@@ -1030,7 +1062,8 @@ def test_cuda_rehearsal_builds_the_kernels_a_step_launches(sample_shards, tmp_pa
         rehearsal = tg.KernelRehearsal(trainer)
         rehearsal.finish()
     assert rehearsal.error is None, rehearsal.error
-    want = {"_qk_norm_rotary_fwd", "_qk_norm_rotary_bwd", "_softcap_ce_kernel", "_transpose_bytes_kernel"}
+    want = {"_qk_norm_rotary_fwd", "_qk_norm_rotary_bwd", "_softcap_ce_kernel", "_transpose_bytes_kernel",
+            "_dc_fwd_kernel", "_dc_bwd_q_kernel", "_dc_bwd_kv_kernel"}
     if trainer.kernels.mlp_tiles:
         want.add("_relu_square_mm_kernel")
     assert {name for thread, name, _ in compiles.done if thread == "kernel_rehearsal"} == want, compiles.done

@@ -683,11 +683,12 @@ def test_logs_are_created_exclusively_without_hard_links_too(tmp_path, monkeypat
 def test_a_run_that_does_not_learn_stops_naming_a_healthy_checkpoint_that_pruning_kept(sample_shards, tmp_path):
     """Weights blown up by a huge Adam lr keep a finite loss above a uniform guess's: not a run to exit 0. The
     checkpoints written after the loss rose above a uniform guess's are marked unhealthy; the error names the
-    newest healthy one, which --keep_last 1 has not deleted. (Without MUDD: its per-token products of weights
-    at such rates overflow bf16 within 3 steps: a divergence, test_divergence_stops_the_run_without_a_bad_checkpoint.)"""
+    newest healthy one, which --keep_last 1 has not deleted. (Without MUDD and the MUDD gate: their per-token
+    products of weights at such rates overflow bf16 within 3 steps: a divergence,
+    test_divergence_stops_the_run_without_a_bad_checkpoint.)"""
     with pytest.raises(SystemExit) as e:
         tiny_run(sample_shards, tmp_path, "--num_steps", "10", "--batch_seqs", "1", "--adam_lr", "100", "--mudd", "0",
-                 "--save_every", "1", "--keep_last", "1", "--run_id", "blown")
+                 "--mudd_gate", "0", "--dc_layers=", "--save_every", "1", "--keep_last", "1", "--run_id", "blown")
     assert "at step 10" in str(e.value) and "no better than guessing uniformly among 50,304 tokens (ln 50304 = " \
            "10.8258)" in str(e.value) and "lower learning rates (--muon_lr" in str(e.value)
     log = (tmp_path / "blown.txt").read_text()

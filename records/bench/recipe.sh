@@ -22,7 +22,7 @@ start=$SECONDS
 mkdir -p "$out"
 python3 data/proxy.py --src "$src" --dst "$data" --train 3 >/dev/null
 before_script=/tmp/before_train_gpt.py
-python3 records/tool.py source records/2026-12-04_speed6-h200/new_s0.txt -o "$before_script" >/dev/null
+python3 records/tool.py source records/2026-12-04_speed6-h200/new_s0.txt -o "$before_script" --force >/dev/null
 common=(--train_files "$data/proxy_train_*.bin" --val_files "$data/proxy_val_*.bin" --val_tokens 1572864
         --val_every 5 --warmup_steps 3)
 # FineWeb steps x 125/1695: 1600 -> 118 steps, 40 extension -> 3, momentum warm-up 300 -> 22, cool-down 50 -> 4
