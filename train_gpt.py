@@ -3975,6 +3975,9 @@ MLP_TILE = ("rows", "columns", "depth", "warps", "stages", "store_split", "warp_
 # record's (2026-05-19_FP8MLPUpProj: 128 x 256 tiles 128 deep, 4 stages, 8 warps)
 DC_KERNEL_TILES = (16, 64, 64)  # dc_mix: queries per forward program; keys per backward program; its query tiles
 DC_KV_WARPS = 8                 # dc_mix's key side: warps per program
+# the key side's heads in one program each (a grid of key blocks x heads; its compile a sixth of the unrolled
+# one's), or all in each program (the one timed: records/2026-12-07_muddgate-dc-h100)
+DC_KV_HEADS_IN_GRID = False
 MLP_HOPPER_TILES = ((128, 256, 64, 8, 4, 2, 0, 1), (128, 128, 64, 8, 3, 4, 0, 2), (128, 256, 128, 8, 4, 2, 0, 1))
 
 
@@ -4304,8 +4307,8 @@ def dc_mix_backward(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, first
                     window: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The grads of dc_mix's q, k, v, a and b from its output's g. A query-side pass (one program per
     DC_KERNEL_TILES[0] queries) finds q's, a's and b's and stores the mixed weights and their grads per
-    (query, distance back); a key-side pass (one per DC_KERNEL_TILES[1] keys, over the query tiles that see
-    them) sums k's and v's: no atomics, so the same grads every run."""
+    (query, distance back); a key-side pass (one per DC_KERNEL_TILES[1] keys, and head with DC_KV_HEADS_IN_GRID,
+    over the query tiles that see them) sums k's and v's: no atomics, so the same grads every run."""
     N, H, D = q.shape
     bm, bn, bq = DC_KERNEL_TILES
     q, k, v, a, b, g = (t.contiguous() for t in (q, k, v, a, b, g))
@@ -4314,9 +4317,10 @@ def dc_mix_backward(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, first
     mixed, dmixed = (a.new_empty(N, window) for _ in range(2))
     _dc_bwd_q_kernel[(N // bm,)](q, k, v, a, b, first, lse, g, dq, da, db, mixed, dmixed, H=H, D=D, BM=bm,
                                  BK=triton.next_power_of_2(bm + window - 1), W=window, num_warps=4)
-    _dc_bwd_kv_kernel[(triton.cdiv(N, bn),)](q, k, a, b, first, lse, g, da, mixed, dmixed, dk, dv, N, H=H, D=D,
-                                             BN=bn, BQ=bq, NQ=triton.cdiv(bn + window - 1, bq), W=window,
-                                             num_warps=DC_KV_WARPS)
+    grid = (triton.cdiv(N, bn), H if DC_KV_HEADS_IN_GRID else 1)
+    _dc_bwd_kv_kernel[grid](q, k, a, b, first, lse, g, da, mixed, dmixed, dk, dv, N, H=H, D=D, BN=bn, BQ=bq,
+                            NQ=triton.cdiv(bn + window - 1, bq), W=window, HEADS_IN_GRID=DC_KV_HEADS_IN_GRID,
+                            num_warps=DC_KV_WARPS)
     return dq, dk, dv, da, db
 
 
@@ -4676,34 +4680,46 @@ if triton is not None:
         tl.store(dmixed_ptr + q_pos[:, None] * W + back, dmixed, mask=valid)
 
     @triton.jit
-    def _dc_bwd_kv_kernel(q_ptr, k_ptr, a_ptr, b_ptr, first_ptr, lse_ptr, g_ptr, da_ptr, mixed_ptr, dmixed_ptr,
-                          dk_ptr, dv_ptr, N, H: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, BQ: tl.constexpr,
-                          NQ: tl.constexpr, W: tl.constexpr):
-        """The key side of dc_mix's backward for BN keys, over the NQ tiles of BQ queries that can see them:
-        dv_h = (b_h A)^T g_h and dk_h = dS_h^T q_h, from the query side's A, dA and da."""
+    def _dc_bwd_kv_head(q_ptr, k_ptr, a_ptr, b_ptr, first_ptr, lse_ptr, g_ptr, da_ptr, mixed_ptr, dmixed_ptr, dk_ptr,
+                        dv_ptr, N, h, H: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, BQ: tl.constexpr,
+                        NQ: tl.constexpr, W: tl.constexpr):
+        """Head h's key side of dc_mix's backward for this program's BN keys, over the NQ tiles of BQ queries
+        that can see them: dv_h = (b_h A)^T g_h and dk_h = dS_h^T q_h, from the query side's A, dA and da."""
         k_pos = tl.program_id(0) * BN + tl.arange(0, BN)
         d = tl.arange(0, D)
-        for h in tl.static_range(H):
-            dk = tl.zeros((BN, D), dtype=tl.float32)
-            dv = tl.zeros((BN, D), dtype=tl.float32)
-            for i in tl.static_range(NQ):
-                q_pos = tl.program_id(0) * BN + i * BQ + tl.arange(0, BQ)
-                live = q_pos < N
-                valid = _dc_window(first_ptr, q_pos, k_pos, live) & (k_pos < N)[None, :]
-                p, q, _ = _dc_probs(q_ptr, k_ptr, lse_ptr, q_pos, k_pos, valid, live, h, H, D)
-                back = q_pos[:, None] * W + q_pos[:, None] - k_pos[None, :]
-                mixed = tl.load(mixed_ptr + back, mask=valid, other=0.0)
-                dmixed = tl.load(dmixed_ptr + back, mask=valid, other=0.0)
-                g = tl.load(g_ptr + (q_pos[:, None] * H + h) * D + d[None, :], mask=live[:, None], other=0.0)
-                b = tl.load(b_ptr + q_pos * H + h, mask=live, other=0.0)
-                dv += tl.dot(tl.trans(b[:, None] * mixed).to(g.dtype), g)
-                a = tl.load(a_ptr + q_pos * H + h, mask=live, other=0.0)
-                da = tl.load(da_ptr + q_pos * H + h, mask=live, other=0.0)
-                ds = a[:, None] * p * (dmixed - da[:, None])
-                dk += tl.dot(tl.trans(ds).to(q.dtype), q)
-            rows = (k_pos[:, None] * H + h) * D + d[None, :]
-            tl.store(dk_ptr + rows, dk.to(dk_ptr.dtype.element_ty), mask=(k_pos < N)[:, None])
-            tl.store(dv_ptr + rows, dv.to(dv_ptr.dtype.element_ty), mask=(k_pos < N)[:, None])
+        dk = tl.zeros((BN, D), dtype=tl.float32)
+        dv = tl.zeros((BN, D), dtype=tl.float32)
+        for i in tl.static_range(NQ):
+            q_pos = tl.program_id(0) * BN + i * BQ + tl.arange(0, BQ)
+            live = q_pos < N
+            valid = _dc_window(first_ptr, q_pos, k_pos, live) & (k_pos < N)[None, :]
+            p, q, _ = _dc_probs(q_ptr, k_ptr, lse_ptr, q_pos, k_pos, valid, live, h, H, D)
+            back = q_pos[:, None] * W + q_pos[:, None] - k_pos[None, :]
+            mixed = tl.load(mixed_ptr + back, mask=valid, other=0.0)
+            dmixed = tl.load(dmixed_ptr + back, mask=valid, other=0.0)
+            g = tl.load(g_ptr + (q_pos[:, None] * H + h) * D + d[None, :], mask=live[:, None], other=0.0)
+            b = tl.load(b_ptr + q_pos * H + h, mask=live, other=0.0)
+            dv += tl.dot(tl.trans(b[:, None] * mixed).to(g.dtype), g)
+            a = tl.load(a_ptr + q_pos * H + h, mask=live, other=0.0)
+            da = tl.load(da_ptr + q_pos * H + h, mask=live, other=0.0)
+            ds = a[:, None] * p * (dmixed - da[:, None])
+            dk += tl.dot(tl.trans(ds).to(q.dtype), q)
+        rows = (k_pos[:, None] * H + h) * D + d[None, :]
+        tl.store(dk_ptr + rows, dk.to(dk_ptr.dtype.element_ty), mask=(k_pos < N)[:, None])
+        tl.store(dv_ptr + rows, dv.to(dv_ptr.dtype.element_ty), mask=(k_pos < N)[:, None])
+
+    @triton.jit
+    def _dc_bwd_kv_kernel(q_ptr, k_ptr, a_ptr, b_ptr, first_ptr, lse_ptr, g_ptr, da_ptr, mixed_ptr, dmixed_ptr,
+                          dk_ptr, dv_ptr, N, H: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, BQ: tl.constexpr,
+                          NQ: tl.constexpr, W: tl.constexpr, HEADS_IN_GRID: tl.constexpr):
+        """The key side of dc_mix's backward: head program_id(1) (HEADS_IN_GRID), or each head in turn."""
+        if HEADS_IN_GRID:
+            _dc_bwd_kv_head(q_ptr, k_ptr, a_ptr, b_ptr, first_ptr, lse_ptr, g_ptr, da_ptr, mixed_ptr, dmixed_ptr,
+                            dk_ptr, dv_ptr, N, tl.program_id(1), H, D, BN, BQ, NQ, W)
+        else:
+            for h in tl.static_range(H):
+                _dc_bwd_kv_head(q_ptr, k_ptr, a_ptr, b_ptr, first_ptr, lse_ptr, g_ptr, da_ptr, mixed_ptr,
+                                dmixed_ptr, dk_ptr, dv_ptr, N, h, H, D, BN, BQ, NQ, W)
 
     @triton.jit
     def _qk_rows(x_ptr, cos_ptr, sin_ptr, R, T, sx_b, sx_t, sx_h, eps, HEADS: tl.constexpr, D: tl.constexpr,

@@ -10,7 +10,8 @@ CPU wheels do not bring it). Not run by pytest: the interpreter is slow. Three c
    moves them by about 0.001);
 3. DC's kernels (dc_mix and its backward), run in fp32 (the interpreter's bf16 is not numpy's), against
    dc_correction's torch rule in float64: the output and the grads of q, k, v and both mixes, on two
-   sequences of documents, at DC's window (112), a short one and the longest (128).
+   sequences of documents, at DC's window (112), a short one and the longest (128), with the key side's heads
+   in each program and in a grid of their own (DC_KV_HEADS_IN_GRID).
 
     python tests/interpreted.py
 """
@@ -35,8 +36,9 @@ ROUNDING = 0.01  # largest loss difference taken for rounding in the 10-step run
 DC_RTOL = 1e-5   # the DC kernels in fp32 against the rule in float64 (measured: 2.5e-7)
 
 
-def dc_kernel_cases():
+def dc_kernel_cases(heads_in_grid: bool = False):
     """(what, relative difference) of dc_mix's output and grads against dc_correction's rule in float64."""
+    tg.DC_KV_HEADS_IN_GRID = heads_in_grid
     tokens = np.stack([token_layouts(512, 4)["block_edges"], token_layouts(512, 4)["random"]])
     N, H, D = tokens.size, 2, 32
     gen = torch.Generator().manual_seed(0)
@@ -54,7 +56,8 @@ def dc_kernel_cases():
                                 first).reshape(N, H, D)
         wants = torch.autograd.grad(want, ref, g.double())
         for name, x, y in zip(["out", "dq", "dk", "dv", "d mix_in", "d mix_out"], (out, *grads), (want, *wants)):
-            yield f"DC window {window} {name}", ((x.double() - y).norm() / y.norm()).item()
+            yield f"DC window {window} {name}{' (heads in the grid)' if heads_in_grid else ''}", \
+                ((x.double() - y).norm() / y.norm()).item()
 
 
 def main() -> int:
@@ -78,7 +81,7 @@ def main() -> int:
     failed += not ok
     print(f"{'ok  ' if ok else 'FAIL'} tiny run, kernels against rules: {len(kernels)} steps, losses at most "
           f"{far:.4f} apart")
-    for what, rel in dc_kernel_cases():
+    for what, rel in [*dc_kernel_cases(), *dc_kernel_cases(heads_in_grid=True)]:
         failed += not rel <= DC_RTOL
         print(f"{'ok  ' if rel <= DC_RTOL else 'FAIL'} {what}: relative difference {rel:.1e}")
     return 1 if failed else 0

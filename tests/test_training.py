@@ -792,12 +792,14 @@ def test_cuda_transposed_equals_torch_transpose():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_dc_kernels_match_float64():
+@pytest.mark.parametrize("heads_in_grid", [False, True])
+def test_cuda_dc_kernels_match_float64(monkeypatch, heads_in_grid):
     """DC's kernels (dc_correction on GPU: the dc_mix op) against its torch rule in float64 on the same bf16
     values, at the training shape (4 sequences of 16K tokens, documents of up to 2048, 6 heads of 128, DC's
-    window 112): the output and the grads of q, k, v and both mixes. The kernels round the mixed weights and
-    the softmax grads to bf16 for their products (as Flex's and the record's do): ~3e-3 relative. Twice the
-    same grads (no atomics)."""
+    window 112): the output and the grads of q, k, v and both mixes, with the key side's heads in each program
+    and in a grid of their own. The kernels round the mixed weights and the softmax grads to bf16 for their
+    products (as Flex's and the record's do): ~3e-3 relative. Twice the same grads (no atomics)."""
+    monkeypatch.setattr(tg, "DC_KV_HEADS_IN_GRID", heads_in_grid)
     gen = torch.Generator(device="cuda").manual_seed(0)
     B, T, H, D, window = 4, 16384, 6, 128, 112
     ids = torch.randint(0, 50000, (B, T), device="cuda", generator=gen)

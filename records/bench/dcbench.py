@@ -3,7 +3,10 @@ shape (4 sequences of 16,384 tokens, 6 heads of 128, documents of up to 2048 tok
 launch setting given, and the torch rule (dc_correction's blocked product, compiled) beside them. Prints ms per
 pass, forward and forward + backward, medians of --n; CUDA only.
 
-    python records/bench/dcbench.py [--n 20] [--settings "BM,BN,BQ,KV_WARPS" ...]
+    python records/bench/dcbench.py [--n 20] [--settings "BM,BN,BQ,KV_WARPS,KV_HEADS_IN_GRID" ...]
+
+e.g. --settings 16,64,64,8,0 16,64,64,4,1 16,64,64,8,1 16,32,64,4,1 (train_gpt's DC_KERNEL_TILES, DC_KV_WARPS and
+DC_KV_HEADS_IN_GRID; the first is the default).
 """
 import argparse
 import statistics
@@ -33,7 +36,8 @@ def timed(fn, n: int) -> float:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=20)
-    parser.add_argument("--settings", nargs="*", default=[",".join(map(str, (*tg.DC_KERNEL_TILES, tg.DC_KV_WARPS)))])
+    default = (*tg.DC_KERNEL_TILES, tg.DC_KV_WARPS, int(tg.DC_KV_HEADS_IN_GRID))
+    parser.add_argument("--settings", nargs="*", default=[",".join(map(str, default))])
     args = parser.parse_args(argv)
     torch.backends.cuda.matmul.fp32_precision = "tf32"  # as setup() has it for the rule's fp32 scores
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -51,8 +55,9 @@ def main(argv=None):
         if setting == "torch rule":
             tg.on_gpu, fn = (lambda t: False), rule
         else:
-            *tiles, warps = (int(v) for v in setting.split(","))
-            tg.on_gpu, fn, tg.DC_KERNEL_TILES, tg.DC_KV_WARPS = on_gpu, tg.dc_correction, tuple(tiles), warps
+            *tiles, warps, grid = (int(v) for v in setting.split(","))
+            tg.on_gpu, fn, tg.DC_KERNEL_TILES = on_gpu, tg.dc_correction, tuple(tiles)
+            tg.DC_KV_WARPS, tg.DC_KV_HEADS_IN_GRID = warps, bool(grid)
         with torch.no_grad():
             fwd = timed(lambda: fn(*ins, first, window), args.n)
         both = timed(lambda: torch.autograd.grad(fn(*ins, first, window), ins, g), args.n)
