@@ -78,6 +78,10 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #            lightweight DC on layer 10: each head adds b_h (A @ v_h), A the  dc_correction, Hyperparameters.dc_*
 #              heads' softmaxes over the last 112 tokens mixed by a_h; a and  (2026-05-27-MuddGatedAndDC v3)
 #              b from the MUDD gate
+#            prefix-token prediction: a loss on the next token's longest     (2026-07-13_PrefixTokenPrediction;
+#              proper prefix that is a GPT-2 token, 0.25 -> 0 by the end of  its logs ran it on 2026-05-20's
+#              the second third; off (--prefix_weight 0) until a GPU run has  recipe)
+#              checked its kernel; the steps stay 1290 ...................... prefix_tokens, prefix_weight_at
 #            attention output gates, ReLU^2, QK-norm, RoPE on half the dims .. Attention, MLP, norm_rotary_qk
 #              ReLU^2 in its matmul's epilogue on H100/H200 ................... relu_square_mlp
 #                                                                               (2026-01-10_FusedLinearReLUSquare)
@@ -142,6 +146,7 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 # Imports
 
 import argparse
+import base64
 import contextlib
 import dataclasses
 import errno
@@ -258,6 +263,10 @@ class Hyperparameters:
     split_embed_frac: float = H(2 / 3, "fraction of the scheduled steps after which the token embedding is "
                                        "untied from lm_head (record)")
     mtp: bool = H(True, "multi-token prediction: also predict the 2nd and 3rd next tokens early on (record)")
+    prefix_weight: float = H(0.0, "prefix-token prediction: also predict the next token's longest proper prefix that "
+                                  "is a GPT-2 token, weighted this in the first third and falling to 0 across the "
+                                  "second (record 2026-07-13_PrefixTokenPrediction: 0.25). 0 = off, the default "
+                                  "until a GPU run has measured it here")
     val_every: int = H(250, "steps between validations; 0 = only at the end")
     target_val_loss: float = H(3.28, "the speedrun's target (GPT-2 small's FineWeb loss in llm.c); the log notes "
                                      "the first val at or below it")
@@ -571,7 +580,7 @@ def check_config(cfg: Hyperparameters):
         raise UserError(f"--profile_steps takes two steps A,B with A <= B (it is {cfg.profile_steps})")
     if not 0 < cfg.target_val_loss < math.inf:
         raise UserError(f"--target_val_loss must be a finite number above 0 (it is {cfg.target_val_loss})")
-    for name in ["muon_lr", "adam_lr", "muon_wd", "adam_wd"]:
+    for name in ["muon_lr", "adam_lr", "muon_wd", "adam_wd", "prefix_weight"]:
         if not 0 <= getattr(cfg, name) < math.inf:
             raise UserError(f"--{name} must be a finite number, 0 or more (it is {getattr(cfg, name)})")
     if not 0 <= cfg.muon_beta2 < 1:
@@ -749,6 +758,19 @@ def mtp_weights_at(step: int, cfg: Hyperparameters) -> list:
     if not cfg.mtp or k == 2:
         return [1.0, 0.0, 0.0]
     return [1.0, 0.5, 0.25 * (1 - t)] if k == 0 else [1.0, 0.5 * (1 - t), 0.0]
+
+
+def prefix_weight_at(step: int, cfg: Hyperparameters) -> float:
+    """The prefix-token loss's weight (record 2026-07-13_PrefixTokenPrediction): --prefix_weight across the first
+    third, falling linearly to 0 across the second, 0 after."""
+    k, t = stage_at(step, 3, cfg)
+    return cfg.prefix_weight * (1.0, 1 - t, 0.0)[k]
+
+
+def loss_weights_at(step: int, cfg: Hyperparameters) -> list:
+    """The head's loss weights: the next 3 tokens' (mtp_weights_at), then, with --prefix_weight, the prefix
+    token's (prefix_weight_at)."""
+    return mtp_weights_at(step, cfg) + ([prefix_weight_at(step, cfg)] if cfg.prefix_weight else [])
 
 
 def is_adam_step(step: int) -> bool:
@@ -1446,32 +1468,56 @@ class MuddGate(nn.Module):
 
 # ---- the head
 
+GPT2_RANKS = Path(__file__).resolve().parent / "data" / "gpt2.tiktoken"  # GPT-2's byte strings, one per token id
+
+
+@functools.lru_cache(maxsize=None)
+def prefix_tokens(vocab_size: int) -> tuple:
+    """Per token id, the id of the longest proper prefix of its byte string that is a GPT-2 token itself, or -1
+    where none is (<|endoftext|> and the padding ids too): the prefix-token loss's targets (record
+    2026-07-13_PrefixTokenPrediction), from GPT-2's vocabulary alone, never the data."""
+    ids = {}
+    for line in GPT2_RANKS.read_bytes().splitlines():
+        token, rank = line.split()
+        ids[base64.b64decode(token)] = int(rank)
+    table = [-1] * vocab_size
+    for token, i in ids.items():
+        table[i] = next((ids[token[:n]] for n in range(len(token) - 1, 0, -1) if token[:n] in ids), -1)
+    return tuple(table)
+
+
 def softcap(z: Tensor) -> Tensor:
     """The head's logit cap, in fp32: 23 sigmoid((z + 5) / 7.5), within (0, 23)."""
     return z.to(torch.float32, copy=True).add_(SOFTCAP_SHIFT).div_(SOFTCAP_DIV).sigmoid_().mul_(SOFTCAP)  # one copy
 
 
-def softcap_ce_parts(z: Tensor, targets: Tensor, weights: Tensor, seq_len: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+def softcap_ce_parts(z: Tensor, targets: Tensor, weights: Tensor, seq_len: int = 0,
+                     prefix: Tensor = None) -> tuple[Tensor, Tensor, Tensor]:
     """The training head's loss by its formula, for logits z (N, vocab) of sequences of seq_len rows laid end to
     end (0: one sequence) and capped logits c = softcap(z): per row the multi-token loss, sum over k of
     weights[k] * (logsumexp(c[row]) - c[row, targets[row + k]]) where row + k lies in the row's sequence; the
     next-token loss (k = 0); and the multi-token loss's grad wrt z, in fp32:
-    (sum_k w_k softmax(c) - sum_k w_k onehot(targets[row + k])) * dc/dz, dc/dz = c (1 - c/23) / 7.5."""
+    (sum_k w_k softmax(c) - sum_k w_k onehot(targets[row + k])) * dc/dz, dc/dz = c (1 - c/23) / 7.5. With
+    prefix (N,), each row's next token's prefix token or -1 (prefix_tokens), the multi-token loss also holds
+    weights[-1] times the cross-entropy against it where there is one."""
     N = z.size(0)
     S = seq_len or N
     c = softcap(z)
     lse = torch.logsumexp(c, dim=-1)
     rows = torch.arange(N, device=z.device)
     # rows whose k-th next token is in their sequence (and in z, should the last sequence be cut short)
-    within = [rows[(rows % S < S - k) & (rows < N - k)] for k in range(len(weights))]
+    within = [rows[(rows % S < S - k) & (rows < N - k)] for k in range(len(weights) - (prefix is not None))]
+    terms = [(r, targets[r + k], weights[k].float()) for k, r in enumerate(within)]  # (rows, their targets, weight)
+    if prefix is not None:
+        r = rows[prefix >= 0]
+        terms.append((r, prefix[r], weights[-1].float()))
     loss, weight_sum = c.new_zeros(N), c.new_zeros(N)
-    for k, r in enumerate(within):
-        w = weights[k].float()
-        loss[r] += w * (lse[r] - c[r, targets[r + k]])
+    for r, target, w in terms:
+        loss[r] += w * (lse[r] - c[r, target])
         weight_sum[r] += w
     dz = (c - lse[:, None]).exp_().mul_(weight_sum[:, None])
-    for k, r in enumerate(within):
-        dz[r, targets[r + k]] -= weights[k].float()
+    for r, target, w in terms:
+        dz[r, target] -= w
     dz.mul_(c.div(SOFTCAP).neg_().add_(1).mul_(c)).div_(SOFTCAP_DIV)  # c (1 - c/23): one buffer, not three
     return loss, lse - c[rows, targets], dz
 
@@ -1481,8 +1527,8 @@ class SoftcapCrossEntropy(torch.autograd.Function):
     is the formula's grad (the next-token loss carries none). The head's path where FP8 is off."""
 
     @staticmethod
-    def forward(ctx, z: Tensor, targets: Tensor, weights: Tensor, seq_len: int = 0):
-        loss, ntp, dz = softcap_ce_parts(z, targets, weights, seq_len)
+    def forward(ctx, z: Tensor, targets: Tensor, weights: Tensor, seq_len: int = 0, prefix: Tensor = None):
+        loss, ntp, dz = softcap_ce_parts(z, targets, weights, seq_len, prefix)
         ctx.save_for_backward(dz)
         ctx.z_dtype = z.dtype
         ntp = ntp.sum()
@@ -1492,7 +1538,7 @@ class SoftcapCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, _):
         dz, = ctx.saved_tensors
-        return (dz * grad_loss).to(ctx.z_dtype), None, None, None
+        return (dz * grad_loss).to(ctx.z_dtype), None, None, None, None
 
 
 def to_fp8(t: Tensor, scale: float, dtype) -> Tensor:
@@ -1516,20 +1562,24 @@ def scaled_mm(a: Tensor, b: Tensor, scale_a: float, scale_b: float, out_dtype, f
 
 
 def head_loss(x: Tensor, head_w: Tensor, targets: Tensor, weights: Tensor, fp8: bool,
-              launch: tuple = (8, 512, 8, 64, 128), approx: bool = True) -> tuple[Tensor, Tensor]:
+              launch: tuple = (8, 512, 8, 64, 128), approx: bool = True,
+              prefix: Tensor = None) -> tuple[Tensor, Tensor]:
     """The training head on the last layer's output x (..., T, dim), sequences of T tokens: rms-norm, logits,
     soft cap, then (multi-token loss to backpropagate, next-token loss), each summed over tokens; targets of
     the next tokens do not reach past a sequence's end. The sum, not the mean, keeps each logit's grad within
     +-1.75, the range HEAD_GRAD_SCALE assumes; both optimizers ignore the loss's scale. launch and approx: the
-    FP8 path's kernel settings (KernelSettings)."""
+    FP8 path's kernel settings (KernelSettings). prefix: the targets' prefix tokens (softcap_ce_parts), whose
+    loss weights[-1] weighs."""
     seq_len = x.size(-2)
     x, targets = norm(x.flatten(0, -2)).bfloat16(), targets.flatten()
+    prefix = None if prefix is None else prefix.flatten()
     if fp8:
         x_f8 = to_fp8(x.detach(), HEAD_X_SCALE, torch.float8_e4m3fn)
         w_f8 = to_fp8(head_w.detach(), HEAD_W_SCALE, torch.float8_e4m3fn)
-        loss, ntp, _, _ = fp8_head_loss(x, head_w, x_f8, w_f8, targets, weights, seq_len, list(launch), approx)
+        loss, ntp, _, _ = fp8_head_loss(x, head_w, x_f8, w_f8, targets, weights, seq_len, list(launch), approx,
+                                        prefix)
         return loss, ntp
-    return SoftcapCrossEntropy.apply(mm(x, head_w.bfloat16().mT), targets, weights, seq_len)
+    return SoftcapCrossEntropy.apply(mm(x, head_w.bfloat16().mT), targets, weights, seq_len, prefix)
 
 
 def eval_loss(x: Tensor, head_w: Tensor, targets: Tensor, chunk: int = EVAL_CHUNK) -> Tensor:
@@ -1585,6 +1635,9 @@ class GPT(nn.Module):
         # so that the other weights start as they did before it
         self.register_buffer("bigram_sign_table", torch.randn(cfg.bigram_signs, bigram_dim).sign().bfloat16()
                              if cfg.bigram_vocab and cfg.bigram_signs else None)
+        # each token's prefix token (prefix_tokens), for the prefix-token loss: fixed, so not in checkpoints
+        self.register_buffer("prefix_table", torch.tensor(prefix_tokens(V)) if cfg.prefix_weight else None,
+                             persistent=False)
         self.grad_sinks = {}  # table weight -> RowSink, attached by the optimizer (ShardedOptimizer.row_sinks)
         self.weight_copies = None  # the matrices' compute copies while training (use_weight_copies)
 
@@ -1733,15 +1786,17 @@ class GPT(nn.Module):
 
     def forward(self, idx: Tensor, targets: Tensor, windows: Tensor, mtp_weights: Tensor = None):
         """idx, targets: (B, T) token ids of B sequences, or (T,) of one. Training: (multi-token loss to
-        backpropagate, next-token loss), each summed over the tokens; eval: the next-token loss sum, twice."""
+        backpropagate, next-token loss), each summed over the tokens; eval: the next-token loss sum, twice.
+        mtp_weights: loss_weights_at's, the prefix token's last where the model has a prefix table."""
         x = self.hidden(idx, windows)
         targets = targets.long()
         if not self.training:
             loss = self.eval_loss(x, self.head_w, targets)
             return loss, loss
         k = self.kernels
+        prefix = None if self.prefix_table is None else self.prefix_table[targets]
         return self.head_loss(x, self.head_w, targets, mtp_weights, self.fp8_head,
-                              k.head_launch(), k.ce_tanh_approx)
+                              k.head_launch(), k.ce_tanh_approx, prefix)
 
 
 def param_groups(model: GPT) -> tuple[dict, dict]:
@@ -2564,11 +2619,12 @@ class Trainer:
         if tokens not in self.window_tensors:
             self.window_tensors[tokens] = torch.tensor(tokens, dtype=torch.int32, device=self.device)
         self.windows = self.window_tensors[tokens]
+        weights = loss_weights_at(step, cfg)
         if self.mtp is None:  # fixed tensors: new weights are new data, not a new graph
-            self.mtp_host = torch.empty(MTP_TOKENS, pin_memory=self.device.type == "cuda")
-            self.mtp = torch.empty(MTP_TOKENS, device=self.device)
+            self.mtp_host = torch.empty(len(weights), pin_memory=self.device.type == "cuda")
+            self.mtp = torch.empty(len(weights), device=self.device)
         # the previous step's copy is done (each step ends in a host sync), so the staging buffer is free
-        self.mtp_host.copy_(torch.tensor(mtp_weights_at(step, cfg)))
+        self.mtp_host.copy_(torch.tensor(weights))
         self.mtp.copy_(self.mtp_host, non_blocking=True)
 
 
@@ -3989,15 +4045,16 @@ def ce_outputs(rows: int, vocab: int, device) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def softcap_ce_rows(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float, launch=(8, 512, 8),
-                    approx: bool = True, seq_len: int = 0, out: tuple = None) -> tuple[Tensor, Tensor, Tensor]:
+                    approx: bool = True, seq_len: int = 0, out: tuple = None,
+                    prefix: Tensor = None) -> tuple[Tensor, Tensor, Tensor]:
     """For logits z (N, vocab) of the training head, sequences of seq_len rows (0: one): per row, the
     multi-token loss (weights[k] times the cross-entropy of the capped logits against targets[row + k], where
     row + k lies in the row's sequence) and the next-token loss; and the multi-token loss's grad wrt z in e5m2
     units of grad_s. Written into out = (loss, ntp, grad) if given (rows of larger tensors). On GPU one kernel
-    reads z twice and writes the grad; launch = its (rows, vocab columns, warps)."""
+    reads z twice and writes the grad; launch = its (rows, vocab columns, warps). prefix: softcap_ce_parts'."""
     if on_gpu(z):
-        return _softcap_ce_cuda(z, targets, weights, grad_s, launch, approx, seq_len or z.size(0), out)
-    loss, ntp, dz = softcap_ce_parts(z, targets, weights, seq_len)
+        return _softcap_ce_cuda(z, targets, weights, grad_s, launch, approx, seq_len or z.size(0), out, prefix)
+    loss, ntp, dz = softcap_ce_parts(z, targets, weights, seq_len, prefix)
     made = loss, ntp, to_fp8(dz, grad_s, torch.float8_e5m2)
     if out is None:
         return made
@@ -4077,7 +4134,8 @@ def cautious_step_fused(p: Tensor, update: Tensor, lr: float, decay: float, stri
 
 @torch.library.custom_op("train_gpt::fp8_head_loss", mutates_args=())
 def fp8_head_loss(x: Tensor, w: Tensor, x_f8: Tensor, w_f8: Tensor, targets: Tensor, weights: Tensor, seq_len: int,
-                  launch: list[int], approx: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                  launch: list[int], approx: bool,
+                  prefix: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The head's summed multi-token and next-token losses with x @ w.T in FP8: x_f8 and w_f8 are x and w
     divided by their scales and rounded to e4m3 (by the caller, where torch.compile fuses the casts with what
     makes x). x and w are inputs only for autograd, which sends their grads straight through the casts. The
@@ -4091,12 +4149,12 @@ def fp8_head_loss(x: Tensor, w: Tensor, x_f8: Tensor, w_f8: Tensor, targets: Ten
     for rows in (slice(r, r + seq_len) for r in range(0, T, seq_len)):
         softcap_ce_rows(scaled_mm(x_f8[rows], w_f8.T, HEAD_X_SCALE, HEAD_W_SCALE, torch.bfloat16, fast_accum=True),
                         targets[rows], weights, HEAD_GRAD_SCALE, launch[:3], approx, seq_len,
-                        out=(loss[rows], ntp[rows], g[rows]))
+                        out=(loss[rows], ntp[rows], g[rows]), prefix=None if prefix is None else prefix[rows])
     return loss.sum(), ntp.sum(), g, transposed(g, launch[3:5])
 
 
 @fp8_head_loss.register_fake
-def _(x, w, x_f8, w_f8, targets, weights, seq_len, launch, approx):
+def _(x, w, x_f8, w_f8, targets, weights, seq_len, launch, approx, prefix=None):
     T, V = x.size(0), w.size(0)
     scalar = x.new_empty((), dtype=torch.float32)
     e5m2 = torch.float8_e5m2
@@ -4343,16 +4401,17 @@ dc_mix.register_autograd(_dc_grad, setup_context=_dc_setup)
 
 
 def _softcap_ce_cuda(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float, launch, approx: bool,
-                     seq_len: int, out: tuple = None):
+                     seq_len: int, out: tuple = None, prefix: Tensor = None):
     T, V = z.shape
     loss, ntp, g = out or ce_outputs(T, V, z.device)
     block_t, block_v, warps = launch
-    assert weights.numel() == MTP_TOKENS and weights.dtype == torch.float32
+    assert weights.numel() == MTP_TOKENS + (prefix is not None) and weights.dtype == torch.float32
     assert all(t.is_contiguous() for t in (loss, ntp, g)) and g.shape == z.shape
     _softcap_ce_kernel[(triton.cdiv(T, block_t),)](z, targets, weights.contiguous(), loss, ntp, g, T, seq_len,
-                                                   1 / grad_s, V=V, CAP=SOFTCAP, SHIFT=SOFTCAP_SHIFT, DIV=SOFTCAP_DIV,
+                                                   1 / grad_s, targets if prefix is None else prefix.contiguous(),
+                                                   V=V, CAP=SOFTCAP, SHIFT=SOFTCAP_SHIFT, DIV=SOFTCAP_DIV,
                                                    TOP=E5M2_MAX, BLOCK_T=block_t, BLOCK_V=block_v, APPROX=approx,
-                                                   num_warps=warps)
+                                                   PREFIX=prefix is not None, num_warps=warps)
     return loss, ntp, g
 
 
@@ -4392,8 +4451,9 @@ def rehearse_kernels(trainer: "Trainer"):
             x_f8, w_f8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
             targets = torch.zeros(T, dtype=torch.long, device=device)
             launch = list(settings.head_launch())
-            *_, g, g_t = fp8_head_loss(x, w, x_f8, w_f8, targets, torch.zeros(MTP_TOKENS, device=device), T, launch,
-                                       settings.ce_tanh_approx)
+            prefix = targets if model.prefix_table is not None else None  # the training's variant of the CE kernel
+            weights = torch.zeros(MTP_TOKENS + (prefix is not None), device=device)
+            *_, g, g_t = fp8_head_loss(x, w, x_f8, w_f8, targets, weights, T, launch, settings.ce_tanh_approx, prefix)
             fp8_mm_backward(g, g_t, x_f8, w_f8, launch)
 
 
@@ -4435,15 +4495,17 @@ if triton is not None:
         return (_tanh((z + SHIFT) * (0.5 / DIV), APPROX) + 1.0) * HALF_CAP2
 
     @triton.jit
-    def _softcap_ce_kernel(z_ptr, targets_ptr, weights_ptr, loss_ptr, ntp_ptr, g_ptr, T, S, inv_grad_s,
+    def _softcap_ce_kernel(z_ptr, targets_ptr, weights_ptr, loss_ptr, ntp_ptr, g_ptr, T, S, inv_grad_s, prefix_ptr,
                            V: tl.constexpr, CAP: tl.constexpr, SHIFT: tl.constexpr, DIV: tl.constexpr,
-                           TOP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, APPROX: tl.constexpr):
+                           TOP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, APPROX: tl.constexpr,
+                           PREFIX: tl.constexpr):
         """Rows [pid*BLOCK_T, +BLOCK_T) of softcap_ce_rows: a pass over the vocab for the log-sum-exp, a second
         that writes each (BLOCK_T x BLOCK_V) tile of the e5m2 grad. The cap is written with tanh,
         sigmoid(u) = (1 + tanh(u/2)) / 2, so c - CAP = CAP/2 (t - 1) and dc/dz = CAP/(4 DIV) (1 - t^2).
         Exponentials are base 2 with log2(e) folded into the constants, and no running max is kept: the capped
         logits lie in (0, CAP), so exp(c - CAP) lies in (e^-CAP, 1] and a sum of them cannot overflow fp32. The
-        next 3 tokens' targets (k = 0, 1, 2, those in the row's sequence of S rows) carry weights[k]."""
+        next 3 tokens' targets (k = 0, 1, 2, those in the row's sequence of S rows) carry weights[k]; with
+        PREFIX, each row's prefix token (prefix_ptr, -1 for none) weights[3]."""
         LOG2E: tl.constexpr = 1.4426950408889634
         HALF_CAP2: tl.constexpr = 0.5 * CAP * LOG2E  # c - CAP in base-2 units, per unit of (t - 1)
         rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)  # offsets pass 2^31
@@ -4468,8 +4530,15 @@ if triton is not None:
         c1 = _capped_log2(z_ptr, rows, t1, live1, V, SHIFT, DIV, HALF_CAP2, APPROX)
         c2 = _capped_log2(z_ptr, rows, t2, live2, V, SHIFT, DIV, HALF_CAP2, APPROX)
         tl.store(ntp_ptr + rows, (lse2 - c0) / LOG2E, mask=live)
-        tl.store(loss_ptr + rows, (w0 * (lse2 - c0) + w1 * (lse2 - c1) + w2 * (lse2 - c2)) / LOG2E, mask=live)
+        loss = w0 * (lse2 - c0) + w1 * (lse2 - c1) + w2 * (lse2 - c2)
         weight_sum = w0 + w1 + w2
+        if PREFIX:
+            tp = tl.load(prefix_ptr + rows, mask=live, other=-1).to(tl.int64)
+            livep = live & (tp >= 0)
+            wp = tl.where(livep, tl.load(weights_ptr + 3), 0.0)
+            loss += wp * (lse2 - _capped_log2(z_ptr, rows, tp, livep, V, SHIFT, DIV, HALF_CAP2, APPROX))
+            weight_sum += wp
+        tl.store(loss_ptr + rows, loss / LOG2E, mask=live)
         for v0 in range(0, V, BLOCK_V):
             cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
             inside = live[:, None] & (cols < V)[None, :]
@@ -4479,6 +4548,8 @@ if triton is not None:
             dc -= tl.where(cols[None, :] == t0[:, None], w0, 0.0)
             dc -= tl.where(cols[None, :] == t1[:, None], w1[:, None], 0.0)
             dc -= tl.where(cols[None, :] == t2[:, None], w2[:, None], 0.0)
+            if PREFIX:
+                dc -= tl.where(cols[None, :] == tp[:, None], wp[:, None], 0.0)
             g = dc * (1.0 - th * th) * (inv_grad_s * CAP / (4.0 * DIV))
             g = tl.minimum(tl.maximum(g, -TOP), TOP).to(tl.float8e5)
             tl.store(g_ptr + rows[:, None] * V + cols[None, :], g, mask=inside)

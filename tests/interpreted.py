@@ -11,7 +11,9 @@ CPU wheels do not bring it). Not run by pytest: the interpreter is slow. Three c
 3. DC's kernels (dc_mix and its backward), run in fp32 (the interpreter's bf16 is not numpy's), against
    dc_correction's torch rule in float64: the output and the grads of q, k, v and both mixes, on two
    sequences of documents, at DC's window (112), a short one and the longest (128), with the key side's heads
-   in each program and in a grid of their own (DC_KV_HEADS_IN_GRID).
+   in each program and in a grid of their own (DC_KV_HEADS_IN_GRID);
+4. the softcapped cross-entropy kernel on fp32 logits, with and without the prefix-token term, against the
+   rule (softcap_ce_parts): losses to 1e-5, the e5m2 grad within its rounding of the rule's.
 
     python tests/interpreted.py
 """
@@ -60,6 +62,22 @@ def dc_kernel_cases(heads_in_grid: bool = False):
                 ((x.double() - y).norm() / y.norm()).item()
 
 
+def ce_kernel_cases():
+    """(what, largest loss difference, the grads' relative difference) of the CE kernel against the rule."""
+    gen = torch.Generator().manual_seed(0)
+    T, V = 64, 500  # a vocab that is no multiple of the tile: the last tile's columns are masked
+    z = torch.randn(T, V, generator=gen) * 5
+    targets = torch.randint(0, V, (T,), generator=gen)
+    prefix = torch.where(torch.rand(T, generator=gen) < 0.3, -1, torch.randint(0, V, (T,), generator=gen))
+    for name, weights, pre in [("CE", [1.0, 0.5, 0.25], None), ("CE + prefix", [1.0, 0.5, 0.25, 0.25], prefix)]:
+        w = torch.tensor(weights)
+        loss, ntp, g = tg._softcap_ce_cuda(z, targets, w, tg.HEAD_GRAD_SCALE, (8, 128, 4), False, 32, prefix=pre)
+        want_loss, want_ntp, dz = tg.softcap_ce_parts(z, targets, w, 32, pre)
+        far = max((loss - want_loss).abs().max().item(), (ntp - want_ntp).abs().max().item())
+        exact = dz / tg.HEAD_GRAD_SCALE
+        yield name, far, ((g.float() - exact).norm() / exact.norm()).item()
+
+
 def main() -> int:
     if tg.triton is None:
         print("triton is not installed: pip install triton (and numpy<2 for its interpreter)")
@@ -81,6 +99,10 @@ def main() -> int:
     failed += not ok
     print(f"{'ok  ' if ok else 'FAIL'} tiny run, kernels against rules: {len(kernels)} steps, losses at most "
           f"{far:.4f} apart")
+    for what, far, rel in ce_kernel_cases():
+        ok = far <= 1e-5 and rel < 0.06  # e5m2's 2 mantissa bits: about 5% rms
+        failed += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {what} kernel: losses {far:.1e} apart, grad {rel:.3f} from the rule's")
     for what, rel in [*dc_kernel_cases(), *dc_kernel_cases(heads_in_grid=True)]:
         failed += not rel <= DC_RTOL
         print(f"{'ok  ' if rel <= DC_RTOL else 'FAIL'} {what}: relative difference {rel:.1e}")

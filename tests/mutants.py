@@ -223,8 +223,8 @@ MUTANTS = {
         ("SOFTCAP, SOFTCAP_SHIFT, SOFTCAP_DIV = 23.0, 5.0, 7.5", "SOFTCAP, SOFTCAP_SHIFT, SOFTCAP_DIV = 23.0, 0.0, 7.5")],
         [REFERENCE, f"{T}::test_softcap_ce_equals_its_formula"]),
     "multi-token targets not shifted": ("train_gpt.py", [
-        ("        loss[r] += w * (lse[r] - c[r, targets[r + k]])", "        loss[r] += w * (lse[r] - c[r, targets[r]])"),
-        ("        dz[r, targets[r + k]] -= weights[k].float()", "        dz[r, targets[r]] -= weights[k].float()")],
+        ("    terms = [(r, targets[r + k], weights[k].float()) for k, r in enumerate(within)]",
+         "    terms = [(r, targets[r], weights[k].float()) for k, r in enumerate(within)]")],
         [f"{T}::test_softcap_ce_equals_its_formula", REFERENCE]),
     "lm_head weights' FP8 scale 100x too fine": ("train_gpt.py", [
         ("HEAD_W_SCALE = 1.6 / 448", "HEAD_W_SCALE = 0.016 / 448")],
@@ -494,6 +494,20 @@ MUTANTS = {
     "an offline download tries the hub anyway": ("data/cached_fineweb10B.py", [
         ("    why = hub_unreachable()", "    why = ''")],
         ["tests/test_data.py::test_download_offline_fails_plainly_and_leaves_nothing"]),
+    # prefix-token prediction (2026-07-13_PrefixTokenPrediction), off by default
+    "the prefix token is the shortest prefix in the vocabulary": ("train_gpt.py", [
+        ("for n in range(len(token) - 1, 0, -1) if token[:n] in ids), -1)", "for n in range(1, len(token)) if token[:n] in ids), -1)")],
+        [f"{T}::test_prefix_tokens_are_the_longest_proper_prefixes_in_the_vocabulary"]),
+    "the prefix weight stays on through the second stage": ("train_gpt.py", [
+        ("    return cfg.prefix_weight * (1.0, 1 - t, 0.0)[k]", "    return cfg.prefix_weight * (1.0, 1.0, 0.0)[k]")],
+        [f"{T}::test_the_prefix_weight_follows_the_record_schedule"]),
+    "the prefix term's grad left out": ("train_gpt.py", [
+        ("    for r, target, w in terms:\n        dz[r, target] -= w",
+         "    for r, target, w in terms[:len(terms) - (prefix is not None)]:\n        dz[r, target] -= w")],
+        [f"{T}::test_softcap_ce_adds_the_prefix_token_loss"]),
+    "the model never hands the head its prefix targets": ("train_gpt.py", [
+        ("        prefix = None if self.prefix_table is None else self.prefix_table[targets]", "        prefix = None")],
+        [f"{T}::test_the_model_hands_the_head_each_targets_prefix_token"]),
     # issue 63's features
     "HellaSwag scores the rows one token late": ("train_gpt.py", [
         ("            rows = norm(x[b, len(tokens) - n - 1:len(tokens) - 1]).bfloat16()",

@@ -14,6 +14,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 import train_gpt as tg
 
+REPO_ROOT = tg.Path(tg.__file__).resolve().parent
 BOS = 50256  # GPT-2's <|endoftext|>, written out rather than taken from the code under test
 BLOCK = 128
 
@@ -614,13 +615,17 @@ def test_stationary_keys_take_their_predecessors_values():
 
 # ---- the head: soft cap, multi-token loss
 
-def ref_head(z: torch.Tensor, targets: torch.Tensor, w: list):
-    """float64 autograd of the multi-token loss of c = 23 sigmoid((z + 5) / 7.5) and the next-token loss."""
+def ref_head(z: torch.Tensor, targets: torch.Tensor, w: list, prefix: torch.Tensor = None, wp: float = 0.0):
+    """float64 autograd of the multi-token loss of c = 23 sigmoid((z + 5) / 7.5) and the next-token loss; with
+    prefix (each row's next token's prefix token, -1 for none), plus wp times the cross-entropy against it
+    (record 2026-07-13_PrefixTokenPrediction)."""
     zz = z.double().requires_grad_()
     c = 23 * torch.sigmoid((zz + 5) / 7.5)
     lse, T = torch.logsumexp(c, -1), len(targets)
     rows = [lse[:T - k] - c[torch.arange(T - k), targets[k:]] for k in range(len(w))]
     loss = sum(w[k] * torch.nn.functional.pad(rows[k], (0, k)) for k in range(len(w)))
+    if prefix is not None:
+        loss = loss + torch.where(prefix >= 0, wp * (lse - c[torch.arange(T), prefix.clamp(min=0)]), 0.0)
     loss.sum().backward()
     return loss.detach(), rows[0].detach(), zz.grad
 
@@ -648,6 +653,81 @@ def test_softcap_ce_equals_its_formula(w):
     assert total.item() == pytest.approx(want_loss.sum().item(), rel=1e-6)
     assert next_token.item() == pytest.approx(want_ntp.sum().item(), rel=1e-6) and not next_token.requires_grad
     torch.testing.assert_close(zf.grad.double(), want_grad, atol=1e-6, rtol=1e-5)
+
+
+def test_softcap_ce_adds_the_prefix_token_loss():
+    """With prefix targets (a third of the rows without one) and a 4th weight, the per-row losses and grads
+    against ref_head's float64 autograd, on both the rows function and the autograd op."""
+    gen = torch.Generator().manual_seed(1)
+    z = (torch.randn(192, 384, generator=gen) * 20).bfloat16()
+    targets = torch.randint(0, 384, (192,), generator=gen)
+    prefix = torch.where(torch.rand(192, generator=gen) < 1 / 3, -1, torch.randint(0, 384, (192,), generator=gen))
+    weights = torch.tensor([1.0, 0.5, 0.25, 0.25])
+    want_loss, want_ntp, want_grad = ref_head(z, targets, [1.0, 0.5, 0.25], prefix, 0.25)
+    loss, ntp, g = tg.softcap_ce_rows(z, targets, weights, tg.HEAD_GRAD_SCALE, prefix=prefix)
+    torch.testing.assert_close(loss.double(), want_loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ntp.double(), want_ntp, atol=1e-5, rtol=1e-5)
+    exact = want_grad / tg.HEAD_GRAD_SCALE
+    assert ((g.double() - exact).norm() / exact.norm()).item() < 0.06
+    zf = z.float().requires_grad_()
+    total, _ = tg.SoftcapCrossEntropy.apply(zf, targets, weights, 0, prefix)
+    total.backward()
+    assert total.item() == pytest.approx(want_loss.sum().item(), rel=1e-6)
+    torch.testing.assert_close(zf.grad.double(), want_grad, atol=1e-6, rtol=1e-5)
+
+
+def test_prefix_tokens_are_the_longest_proper_prefixes_in_the_vocabulary():
+    """prefix_tokens against GPT-2's byte strings read here from the shipped ranks, by another algorithm: in
+    sorted order a token follows every prefix of it, so the tokens that prefix the current one are a stack.
+    Every token of more than one byte that extends another has its longest such one; the 256 bytes,
+    <|endoftext|> and the padding ids have none (-1)."""
+    import base64
+    ranks = {}
+    for line in (REPO_ROOT / "data" / "gpt2.tiktoken").read_bytes().splitlines():
+        token, rank = line.split()
+        ranks[base64.b64decode(token)] = int(rank)
+    want, stack = [-1] * 50304, []
+    for token in sorted(ranks):
+        while stack and not token.startswith(stack[-1]):
+            stack.pop()
+        if stack:
+            want[ranks[token]] = ranks[stack[-1]]
+        stack.append(token)
+    got = tg.prefix_tokens(50304)
+    assert list(got) == want
+    assert sum(t >= 0 for t in got) == 50257 - 257 and got[tg.BOS_ID] == -1
+    by_id = {i: b for b, i in ranks.items()}
+    assert by_id[got[ranks[b" the"]]] == b" th" and by_id[got[ranks[b"ing"]]] == b"in"
+
+
+def test_the_model_hands_the_head_each_targets_prefix_token():
+    """With --prefix_weight the training forward's loss is head_loss with the prefix tokens of the targets
+    (prefix_tokens), the 4th weight theirs; not the loss of a 4th next token."""
+    model = randomized_record_model(2, prefix_weight=0.25)
+    idx = torch.from_numpy(token_layouts(513, 2)["random"]).int()
+    windows, w = torch.tensor([128, 256]), torch.tensor([1.0, 0.5, 0.25, 0.25])
+    loss, _ = model(idx[:-1], idx[1:], windows, w)
+    x, targets = model.hidden(idx[:-1], windows), idx[1:].long()
+    prefix = torch.tensor(tg.prefix_tokens(50304))[targets]
+    want, _ = tg.head_loss(x, model.head_w, targets, w, False, prefix=prefix)
+    shifted, _ = tg.head_loss(x, model.head_w, targets, w, False)
+    assert loss.item() == pytest.approx(want.item(), rel=1e-6) and shifted.item() != pytest.approx(want.item())
+    fp8, _ = tg.head_loss(x, model.head_w, targets, w, True, prefix=prefix)  # the FP8 head's op takes them too
+    assert fp8.item() == pytest.approx(want.item(), rel=0.02) and fp8.item() != pytest.approx(shifted.item(), rel=0.002)
+
+
+def test_the_prefix_weight_follows_the_record_schedule():
+    """2026-07-13_PrefixTokenPrediction's TrainingStage table: 0.25 through the first stage, 0.25 -> 0 across the
+    second (linear in its fraction), 0 in the third and the extension; the head's weights carry it last, and
+    only when on."""
+    cfg = tg.parse_args(["--num_steps", "1290", "--extension_steps", "15", "--prefix_weight", "0.25"])
+    ref = RecordSchedule(1275, 1290, floor=0.15, cooldown=0.60)
+    for s in range(1291):
+        stage, t = ref.lookup(s)
+        want = [0.25, 0.25 * (1 - t), 0.0, 0.0][stage]
+        assert tg.prefix_weight_at(s, cfg) == pytest.approx(want), s
+        assert tg.loss_weights_at(s, cfg) == pytest.approx(ref.mtp(s) + [want]), s
+    assert tg.loss_weights_at(5, tg.parse_args([])) == tg.mtp_weights_at(5, tg.parse_args([]))  # off by default
 
 
 @pytest.mark.parametrize("fp8_grad", [False, True])

@@ -42,6 +42,17 @@ def golden_run(shards, tmp_path) -> tuple[dict, str]:
     return {"args": TINY + GOLDEN_ARGS, "train": losses(log), "val": losses(log, "val")}, log
 
 
+def test_the_prefix_token_loss_joins_the_training_loss(sample_shards, tmp_path):
+    """--prefix_weight 0.25 (record 2026-07-13_PrefixTokenPrediction): the same 3 steps as without it, but for
+    the head's loss, which adds the prefix token's term in the first third: the step-1 train loss (the one
+    logged, the next-token loss) is the same, the weights then differ, so the later losses do; the val loss is
+    the next-token loss either way."""
+    off = losses(tiny_run(sample_shards, tmp_path / "off", "--num_steps", "3", "--run_id", "off"))
+    on = losses(tiny_run(sample_shards, tmp_path / "on", "--num_steps", "3", "--run_id", "on", "--prefix_weight",
+                         "0.25"))
+    assert on[1] == off[1] and on[2] != off[2] and all(math.isfinite(v) for v in on.values())
+
+
 def test_golden_loss_curve(sample_shards, tmp_path):
     """A tiny deterministic run's losses against tests/golden_tiny.json. If you changed the training on purpose,
     regenerate it with `python tests/test_training.py --regenerate` and say why in the commit."""
