@@ -3059,6 +3059,7 @@ def warm_up(trainer: Trainer):
 KERNEL_CATEGORIES = [("copies and fills", r"^(?!triton_).*([Mm]emcpy|[Mm]emset|copy_kernel|[Ff]ill)"),
                      ("softcap CE + fp8 transposes", r"_softcap_ce|_transpose_bytes"),
                      ("QK-norm + rotary", r"_qk_norm_rotary"), ("ReLU^2 GEMM (fused)", r"_relu_square_mm"),
+                     ("DC (dc_mix)", r"^_dc_"),
                      ("FlexAttention", r"flex|triton_tem"),
                      ("FP8 GEMM", r"nvjet_sm90_q|e4m3|e5m2"), ("bf16 GEMM", r"gemm|xmma|cutlass|nvjet|cublas"),
                      ("NCCL", r"nccl"), ("Triton fused (compiled)", r"triton"), ("other", r"")]

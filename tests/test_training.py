@@ -1159,6 +1159,7 @@ def test_profiler_sorts_kernels_by_what_they_do():
         "_transpose_bytes_kernel": "softcap CE + fp8 transposes",
         "_qk_norm_rotary_bwd": "QK-norm + rotary",
         "_relu_square_mm_kernel": "ReLU^2 GEMM (fused)",
+        "_dc_bwd_kv_kernel": "DC (dc_mix)",
         "triton_tem_fused__unsafe_view_flex_attention_backward_mul_sigmoid_transpose_unsqueeze_view_5": "FlexAttention",
         "nvjet_sm90_qqtst_192x192_128x4_2x1_v_bz_coopB_TNN": "FP8 GEMM",
         "nvjet_sm90_qrsss_128x160_128x5_1x2_h_bz_coopA_algo2_TNT": "FP8 GEMM",
