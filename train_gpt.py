@@ -516,13 +516,23 @@ def checkpoint_settings(path: str) -> dict:
     checkpoint (read_checkpoint then says why). Memory-mapped: the config is read, not the tensors. The log
     folder is the one the checkpoint is in now (its run's log beside it, wherever it was moved); stop_at is left
     to the new launch (the run's own pause is behind it)."""
+    config = (saved_config(path) or ({}, ""))[0]
     try:
-        config = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["config"]
         saved = dataclasses.asdict(hyperparameters_from(config))
-    except Exception:  # a missing, foreign or broken file: build()'s read of it names the problem
+    except Exception:  # a foreign config: build()'s read of the checkpoint names the problem
         return {}
     return {**{k: v for k, v in saved.items() if k in config and k not in ("resume", "stop_at")},
-            "log_dir": str(Path(path).parent)}
+            "log_dir": str(Path(path).parent)} if config else {}
+
+
+def saved_config(path: str):
+    """(config, its source's sha256) of a checkpoint, read memory-mapped (not its tensors); None if the file
+    does not load as one (a missing, foreign or broken file: read_checkpoint names the problem)."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return (ckpt["config"], str(ckpt.get("source_sha256", ""))) if isinstance(ckpt["config"], dict) else None
+    except Exception:
+        return None
 
 
 def per_part_lists(saved: dict) -> dict:
@@ -2811,6 +2821,9 @@ def load_data(cfg: Hyperparameters, rank: int, world: int) -> tuple[TrainLoader,
 def build(cfg: Hyperparameters) -> Trainer:
     """Everything that can fail on the user's input, before the log is created: flags, launch, checkpoint, log
     folder, data."""
+    saved = saved_config(cfg.resume) if cfg.resume else None
+    if saved:  # another version's checkpoint, before its settings meet this version's checks
+        version_check(cfg.resume, *saved)
     check_config(cfg)
     rank, world, device = setup(cfg)
     comm = Comm(rank, world, device)
@@ -3346,6 +3359,20 @@ def load_checkpoint(path: str) -> tuple[dict, str]:
     return (None, problem) if problem else (ckpt, "")
 
 
+def version_check(path: str, config: dict, sha: str):
+    """Refuse a checkpoint of another version of train_gpt.py: its config has settings this one does not know,
+    or lacks settings of this one that a resume may not change (their defaults would build another model)."""
+    fields = {f.name for f in dataclasses.fields(Hyperparameters)}
+    unknown = sorted(config.keys() - fields)
+    missing = sorted(fields - config.keys() - set(RESUME_FREE + RESUME_ADJUSTABLE))
+    if unknown or missing:
+        what = (f"settings this one does not know: {', '.join(unknown)}" if unknown else
+                f"none of this one's settings {', '.join(missing)}")
+        raise UserError(f"checkpoint {path} was written by another version of train_gpt.py, with {what}. Resume it "
+                        f"with the version that wrote it (its source sha256 starts {sha[:16]}; its log holds that "
+                        f"source: python records/tool.py source LOG -o old_train_gpt.py)")
+
+
 def read_checkpoint(cfg: Hyperparameters, comm: Comm) -> dict:
     """The checkpoint --resume names, read by every rank, all of them succeeding; its settings must equal this
     run's but for RESUME_FREE and RESUME_ADJUSTABLE."""
@@ -3355,11 +3382,7 @@ def read_checkpoint(cfg: Hyperparameters, comm: Comm) -> dict:
         raise UserError(f"cannot read checkpoint {path}: {problem or 'another rank could not read it'}. Pass a "
                         f"complete checkpoint of train_gpt.py, at a path every rank can read (with several "
                         f"nodes: a shared file system, or a copy at the same path on each node)")
-    unknown = sorted(ckpt["config"].keys() - {f.name for f in dataclasses.fields(Hyperparameters)})
-    if unknown:
-        raise UserError(f"checkpoint {path} was written by another version of train_gpt.py, with settings this one "
-                        f"does not know: {', '.join(unknown)}. Resume it with the version that wrote it (its source "
-                        f"sha256 starts {ckpt['source_sha256'][:16]}; its log holds that source)")
+    version_check(path, ckpt["config"], ckpt["source_sha256"])
     diff = {k: v for k, v in config_diff(ckpt["config"], dataclasses.asdict(cfg)).items()
             if k not in RESUME_FREE + RESUME_ADJUSTABLE}
     if diff:

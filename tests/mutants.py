@@ -494,6 +494,10 @@ MUTANTS = {
     "an offline download tries the hub anyway": ("data/cached_fineweb10B.py", [
         ("    why = hub_unreachable()", "    why = ''")],
         ["tests/test_data.py::test_download_offline_fails_plainly_and_leaves_nothing"]),
+    "an older version's checkpoint meets the layout checks first": ("train_gpt.py", [
+        ("    if saved:  # another version's checkpoint, before its settings meet this version's checks\n"
+         "        version_check(cfg.resume, *saved)\n", "")],
+        ["tests/test_trust.py::test_checkpoints_with_the_right_keys_and_wrong_contents"]),
     # prefix-token prediction (2026-07-13_PrefixTokenPrediction), off by default
     "the prefix token is the shortest prefix in the vocabulary": ("train_gpt.py", [
         ("for n in range(len(token) - 1, 0, -1) if token[:n] in ids), -1)", "for n in range(1, len(token)) if token[:n] in ids), -1)")],

@@ -614,6 +614,14 @@ def test_checkpoints_with_the_right_keys_and_wrong_contents(sample_shards, run6,
     with pytest.raises(SystemExit, match="another version of train_gpt.py, with settings this one does not know: "
                                          "old_flag"):
         tg.main(resume_args(sample_shards, tmp_path / "logs", "--resume", str(tmp_path / "older.pt")))
+    # an older version's checkpoint, resumed alone: it lacks settings of this one (here those of 2026-05-27's
+    # port), whose defaults would build another model (and do not fit its layout): which version to run, first
+    before = {k: v for k, v in good["config"].items() if k not in ("mudd_gate", "xsa_layers")}
+    torch.save({**good, "config": before}, tmp_path / "before_gate.pt")
+    with pytest.raises(SystemExit, match="another version of train_gpt.py, with none of this one's settings "
+                                         "mudd_gate, xsa_layers\\. .*records/tool.py source LOG") as e:
+        tg.main(["--resume", str(tmp_path / "before_gate.pt")])
+    assert "\n" not in str(e.value)
     torch.save({**good, "config": {**good["config"], "model_dim": 128, "head_dim": 64}}, tmp_path / "misfit.pt")
     with pytest.raises(SystemExit, match="its weights do not fit the model its settings describe") as e:
         tg.main(["--generate", str(tmp_path / "misfit.pt"), "--prompt", "hi", "--device", "cpu"])
