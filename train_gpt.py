@@ -517,12 +517,14 @@ def checkpoint_settings(path: str) -> dict:
     folder is the one the checkpoint is in now (its run's log beside it, wherever it was moved); stop_at is left
     to the new launch (the run's own pause is behind it)."""
     config = (saved_config(path) or ({}, ""))[0]
+    if not config:
+        return {}
     try:
-        saved = dataclasses.asdict(hyperparameters_from(config))
+        settings = dataclasses.asdict(hyperparameters_from(config))
     except Exception:  # a foreign config: build()'s read of the checkpoint names the problem
         return {}
-    return {**{k: v for k, v in saved.items() if k in config and k not in ("resume", "stop_at")},
-            "log_dir": str(Path(path).parent)} if config else {}
+    return {**{k: v for k, v in settings.items() if k in config and k not in ("resume", "stop_at")},
+            "log_dir": str(Path(path).parent)}
 
 
 def saved_config(path: str):
@@ -1452,28 +1454,28 @@ class MuddGate(nn.Module):
 
     def __init__(self, dim: int, layout: list):
         super().__init__()
-        self.layout = layout
-        widest = max(sum(w for *_, w in part) for part in layout)
+        # per MLP, each coefficient's (kind, layer) and its columns of the MLP's output
+        self.spans = [[(kind, i, at, at + w) for (kind, i, w), at in
+                       zip(part, itertools.accumulate((w for *_, w in part), initial=0))] for part in layout]
+        widest = max(part[-1][-1] for part in self.spans)
         w_in = torch.empty(2, GATE_HIDDEN, dim)
         for w in w_in:
             nn.init.kaiming_uniform_(w, a=math.sqrt(5))  # torch's Linear init, as MUDD's
         self.w_in = nn.Parameter(w_in.bfloat16())
         self.w_out = nn.Parameter(torch.zeros(2, widest, GATE_HIDDEN, dtype=torch.bfloat16))
         bias = torch.zeros(2, widest)
-        for j, part in enumerate(layout):
-            starts = itertools.accumulate((w for *_, w in part), initial=0)
-            for (kind, _, width), at in zip(part, starts):
-                bias[j, at:at + width] = GATE_START[kind] / GATE_SCALE_INIT
+        for j, part in enumerate(self.spans):
+            for kind, _, start, stop in part:
+                bias[j, start:stop] = GATE_START[kind] / GATE_SCALE_INIT
         self.bias = nn.Parameter(bias.bfloat16())
         self.scale = nn.Parameter(torch.tensor(GATE_SCALE_INIT))
 
     def coefficients(self, x: Tensor, j: int) -> dict:
         """MLP j's coefficients from x (B, T, dim): {(kind, layer): (B, T, width)}."""
-        n = sum(w for *_, w in self.layout[j])
+        n = self.spans[j][-1][-1]
         h = F.gelu(mm(x, self.w_in[j].type_as(x).mT))
         c = (mm(h, self.w_out[j, :n].type_as(x).mT) + self.bias[j, :n].type_as(x)) * self.scale.type_as(x)
-        starts = itertools.accumulate((w for *_, w in self.layout[j]), initial=0)
-        return {(kind, i): c[..., at:at + w] for (kind, i, w), at in zip(self.layout[j], starts)}
+        return {(kind, i): c[..., start:stop] for kind, i, start, stop in self.spans[j]}
 
 
 # ---- the head
@@ -2768,8 +2770,8 @@ def parameter_counts(cfg: Hyperparameters) -> tuple[int, int]:
     mudd = (2 * MUDD_HIDDEN * d + 2 * MUDD_HIDDEN * 2 * MUDD_COLS + 2 * 2 * MUDD_COLS) if cfg.mudd else 0
     if cfg.mudd_gate:  # the gate's MLPs (their output rows as many as the wider one's coefficients) and scale
         rows = max(sum(w for *_, w in part) for part in gate_layout(cfg))
-        gates, stream, constants = 2 * GATE_HIDDEN * d + 2 * rows * (GATE_HIDDEN + 1) + len(ve_gates) * heads * \
-            GATE_DIMS + GATE_DIMS, 6 * L, 1
+        gates = 2 * GATE_HIDDEN * d + 2 * rows * (GATE_HIDDEN + 1) + len(ve_gates) * heads * GATE_DIMS + GATE_DIMS
+        stream, constants = 6 * L, 1
     else:  # output gates on every attention, the skip's gate, x0's and the bigram's shares, XSA's
         gates = (len(attn) + len(ve_gates)) * heads * GATE_DIMS + 2 * GATE_DIMS
         stream = (8 if cfg.bigram_vocab else 7) * L
@@ -3375,14 +3377,13 @@ def version_check(path: str, config: dict, sha: str):
 
 def read_checkpoint(cfg: Hyperparameters, comm: Comm) -> dict:
     """The checkpoint --resume names, read by every rank, all of them succeeding; its settings must equal this
-    run's but for RESUME_FREE and RESUME_ADJUSTABLE."""
+    run's but for RESUME_FREE and RESUME_ADJUSTABLE (another version's, build() has refused: version_check)."""
     path = cfg.resume
     ckpt, problem = load_checkpoint(path)
     if not comm.all_ok(not problem):
         raise UserError(f"cannot read checkpoint {path}: {problem or 'another rank could not read it'}. Pass a "
                         f"complete checkpoint of train_gpt.py, at a path every rank can read (with several "
                         f"nodes: a shared file system, or a copy at the same path on each node)")
-    version_check(path, ckpt["config"], ckpt["source_sha256"])
     diff = {k: v for k, v in config_diff(ckpt["config"], dataclasses.asdict(cfg)).items()
             if k not in RESUME_FREE + RESUME_ADJUSTABLE}
     if diff:
