@@ -8,9 +8,10 @@ train_gpt.py: train a GPT-2-small-class model on FineWeb .bin shards to val loss
     python train_gpt.py --generate CKPT --prompt "Once"        # sample from a checkpoint (--generate --help)
     python train_gpt.py --hellaswag CKPT                       # score one on HellaSwag (--hellaswag --help)
 
-The recipe is the NanoGPT speedrun's records up to 2026-05-20 (BigramsSignTrick and 2026-05-19's FP8MLPUpProj, on
-2026-05-07's XSA and 2026-04-22's MUDD: 1390 steps, batches growing from 131,072 to 393,216 tokens); the recipe
-map at the top of this file names where each of its tricks lives.
+The recipe is the NanoGPT speedrun's master of 2026-08-01 but for its FP8 MLP down projection (2026-05-27's MUDD
+gate and DC, 2026-07-13's prefix-token loss, on 2026-05-20's sign trick, 2026-05-07's XSA and 2026-04-22's
+MUDD: 1285 steps, batches growing from 131,072 to 393,216 tokens); the recipe map at the top of this file names
+where each of its tricks lives.
 Each run writes logs/<run_id>.txt, which starts with this file's source and the environment, so a log is enough
 to re-run and diff it; a resumed run appends to it. Sections, in order: config and schedules, model, optimizer,
 data, training, checkpoints, sampling, main, and last the hand-written GPU kernels ("GPU fast paths"), each with
@@ -57,17 +58,20 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #                                                                               runs tried a mimetic V-O init, the
 #                                                                               later records' scripts keep this)
 #            value embeddings on layers 1, 2 and 8-10, from 0.01 randn; their  VE_GATE_X, VE_INIT_STD
-#              gates read the first 6 dims of x and of the value embedding ... (2026-02-03_VeTuned)
-#              (paired-head layers' gates read x[:12] alone)
+#              gates read the first 6 dims of x and of the value embedding ... (2026-02-03_VeTuned; paired-head
+#                                                                               layers' too since the master of
+#                                                                               2026-05-27 v3)
 #            each sublayer x = resid x + post out, x0 and the bigram embedding  Block.forward, RESID_INIT,
 #              added with the attention's output (bigram from 0.05); the      BIGRAM_INIT, GPT.run_blocks
 #              layers after layer 7 attend to its output, not to x ........... (2026-03-06_SimplifyHC)
 #            MUDD: after layers 9 and 10, per-token weights from a small MLP  MUDD, GPT.run_blocks, Attention.forward
 #              mix x0 and layers 7, 9, 3 and the first value embedding into   (2026-04-22_MuddFormer, its v3;
 #              the stream; layer 9's also give layer 10 an addition to v, its  1405 + 10 steps)
-#              value-embedding gate and its stream weights, per token
+#              value-embedding gate and its stream weights, per token; scale
+#              0.1, v's sources unscaled, the value gate's 2 in its bias ..... MUDD_SCALE (the master's, in
+#                                                                               2026-05-27 v3's code)
 #            gated XSA: each head's output less tanh(a) x its part along its  Attention.forward, has_xsa
-#              own value ..................................................... (2026-05-07_XSAGatedLayers, the
+#              own value, (y.v) v / |v|^2 (PR 317's form) .................... (2026-05-07_XSAGatedLayers, the
 #                                                                               change of 2026-04-29's logs too;
 #                                                                               1375 + 10)
 #            the MUDD gate: two small MLPs, on x0 and on the stream entering  MuddGate, gate_layout, HeadGates,
@@ -78,10 +82,13 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #            lightweight DC on layer 10: each head adds b_h (A @ v_h), A the  dc_correction, Hyperparameters.dc_*
 #              heads' softmaxes over the last 112 tokens mixed by a_h; a and  (2026-05-27-MuddGatedAndDC v3)
 #              b from the MUDD gate
-#            prefix-token prediction: a loss on the next token's longest     (2026-07-13_PrefixTokenPrediction;
-#              proper prefix that is a GPT-2 token, 0.25 -> 0 by the end of  its logs ran it on 2026-05-20's
-#              the second third; off (--prefix_weight 0) until a GPU run has  recipe)
-#              checked its kernel; the steps stay 1290 ...................... prefix_tokens, prefix_weight_at
+#            prefix-token prediction: a loss on the next token's longest
+#              proper prefix that is a GPT-2 token, 0.25 -> 0 by the end of
+#              the second third ............................................. prefix_tokens, prefix_weight_at
+#                                                                               (2026-07-13_PrefixTokenPrediction,
+#                                                                               its logs on 2026-05-20's recipe)
+#            1270 + 15 steps ................................................. Hyperparameters.num_steps (the
+#                                                                               speedrun's master of 2026-08-01)
 #            attention output gates, ReLU^2, QK-norm, RoPE on half the dims .. Attention, MLP, norm_rotary_qk
 #              ReLU^2 in its matmul's epilogue on H100/H200 ................... relu_square_mlp
 #                                                                               (2026-01-10_FusedLinearReLUSquare)
@@ -110,10 +117,11 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #            its Muon beta2 is ported)
 #   skipped: 2026-05-27-MuddGatedAndDC's v1 and v2 (its v3 is the one submitted, and ported)
 #   left out: 2026-02-10_ShortWindow's short windows of 2 blocks in the third stage: the records after it
-#            (2026-02-12 on) keep 5, as here. The speedrun's master that joined 2026-05-07's XSA with MUDD (the
-#            1385-step baseline of 2026-05-27-MuddGatedAndDC) also re-parametrized MUDD (one MLP of 14 outputs at
-#            layer 10's start, scale 0.1) and gave paired-head layers' value gates [x[:6], ve[:6]]: no record
-#            README names these; they wait for one that does
+#            (2026-02-12 on) keep 5, as here. 2026-07-17_FP8DownProjection (the MLP's down projection's forward
+#            in FP8 with delayed scales): the master has it; ours is bf16 (a speed change of the same steps)
+#   skipped, the same math or not in the master: PR 317's XSA rewrite (only its form is taken, above);
+#            2026-06-11_RecursiveFromBest (branched from 2026-05-20: its FP8 attention projections, noise and
+#            cautious Adam are not in the master; its ReLU^2 kernel's storage, post alone, is relu_square_mlp's)
 #   skipped, superseded: 2026-02-12_ParallelResiduals' two residual lanes and 2026-02-16_FlattenForward's
 #            one-lane layers without post-attention weights (its other changes are kernels and code layout):
 #            2026-03-06_SimplifyHC replaced both with one lane, every sublayer weighted, and the backout layer's
@@ -249,10 +257,10 @@ class Hyperparameters:
                             f"{AUTO_MICRO_BATCHES} and 1 that divides them and, on a GPU, fits its free memory by an "
                             "estimate (a note says which)")
     # schedule
-    num_steps: int = H(1290, "optimizer steps: 1275 scheduled + 15 extension (record 2026-05-27-MuddGatedAndDC, "
-                             "its v3; 1390 before it)")
-    extension_steps: int = H(15, "the last steps, trained at the final lr, window and batch (record 2026-05-27 v3; "
-                                 "10 from 2026-04-22, 40 before)")
+    num_steps: int = H(1285, "optimizer steps: 1270 scheduled + 15 extension (the speedrun's master of 2026-08-01; "
+                             "1290 at 2026-05-27-MuddGatedAndDC v3, 1390 before it)")
+    extension_steps: int = H(15, "the last steps, trained at the final lr, window and batch (record 2026-05-27 v3 "
+                                 "and the master; 10 from 2026-04-22, 40 before)")
     cooldown_frac: float = H(0.60, "last fraction of the scheduled steps over which lr falls linearly to 0.15x")
     lr_stage_scales: tuple = H((1.0, 1.52, 1.73), "lr multiplier in each part of the schedule, as batch_seqs "
                                                  "grows (record: (16/8)^0.6 and (24/8)^0.5, rounded)")
@@ -263,10 +271,9 @@ class Hyperparameters:
     split_embed_frac: float = H(2 / 3, "fraction of the scheduled steps after which the token embedding is "
                                        "untied from lm_head (record)")
     mtp: bool = H(True, "multi-token prediction: also predict the 2nd and 3rd next tokens early on (record)")
-    prefix_weight: float = H(0.0, "prefix-token prediction: also predict the next token's longest proper prefix that "
-                                  "is a GPT-2 token, weighted this in the first third and falling to 0 across the "
-                                  "second (record 2026-07-13_PrefixTokenPrediction: 0.25). 0 = off, the default "
-                                  "until a GPU run has measured it here")
+    prefix_weight: float = H(0.25, "prefix-token prediction: also predict the next token's longest proper prefix that "
+                                   "is a GPT-2 token, weighted this in the first third and falling to 0 across the "
+                                   "second (record 2026-07-13_PrefixTokenPrediction). 0 = off")
     val_every: int = H(250, "steps between validations; 0 = only at the end")
     target_val_loss: float = H(3.28, "the speedrun's target (GPT-2 small's FineWeb loss in llm.c); the log notes "
                                      "the first val at or below it")
@@ -806,14 +813,14 @@ VE_GATE_X = 6        # the value-embedding gate reads the first 6 dims of x and 
 VE_INIT_STD = 0.01   # value embeddings start at 0.01 randn, not zero (record 2026-02-03_VeTuned)
 RESID_INIT = 1.1 ** 0.5  # each sublayer's residual weight: 1.1 a layer over two (record 2026-03-06_SimplifyHC)
 BIGRAM_INIT = 0.05   # the bigram embedding's share at each layer (record 2026-03-06_SimplifyHC; 0.1 before)
-# MUDD (record 2026-04-22_MuddFormer, its v3): per channel of the second-to-last layer's weights, 3 sources, the
-# last layer's value-embedding gate and 4 of the last layer's stream weights
+# MUDD (record 2026-04-22_MuddFormer, as the speedrun's master re-parametrized it by 2026-05-27 v3): per channel
+# of the second-to-last layer's weights, 3 sources, the last layer's value-embedding gate and 4 of the last
+# layer's stream weights
 MUDD_HIDDEN = 64              # the width of MUDD's MLP
 MUDD_COLS = 8
-MUDD_SCALE = 0.2 / 3 ** 0.5   # every weight MUDD makes is its MLP's output times this (0.2 / sqrt(3 sources))
-MUDD_V_SCALE = 1.15           # and what it adds to the last layer's v, this again
-MUDD_BACKOUT_BIAS = -4.34     # the last mix's bias on the backout layer's output: -0.5 x it after the scale, the
-                              # backout MUDD replaces
+MUDD_SCALE = 0.1              # every weight MUDD makes is its MLP's output times this (0.2 / sqrt(3) in 04-22's)
+MUDD_BACKOUT_BIAS = -0.5 / MUDD_SCALE  # the last mix's bias on the backout layer's output: -0.5 after the
+                                       # scale, the backout MUDD replaces
 ATTN_SCALE = 0.1     # softmax scale after QK-norm before any YaRN stage (record 2025-09-10_Yarn)
 # the MUDD gate and lightweight DC (record 2026-05-27-MuddGatedAndDC, its v3)
 GATE_HIDDEN = 64       # the gate MLPs' width
@@ -1247,8 +1254,8 @@ class Attention(nn.Module):
         # per head, sigmoid(gate_w @ x[:12]) scales the head's output (0.5 at the zero init)
         self.gate_w = None if gated else nn.Parameter(torch.zeros(num_heads, GATE_DIMS, dtype=torch.bfloat16))
         # per head, 2 sigmoid(ve_gate_w @ [x[:6], ve[:6]]) scales the value embedding ve added to v (1 at the zero
-        # init): the gate sees the embedding it scales (record 2026-02-03_VeTuned); on paired-head layers it
-        # reads x[:12], as before that record. The last layer's comes from MUDD (ve_gate=False)
+        # init): the gate sees the embedding it scales (record 2026-02-03_VeTuned; on paired-head layers too since
+        # the master of 2026-05-27 v3, x[:12] before). The last layer's comes from MUDD (ve_gate=False)
         self.ve_gate_w = nn.Parameter(torch.zeros(num_heads, GATE_DIMS, dtype=torch.bfloat16)) if ve_gate else None
         # per head, tanh(xsa_w) of its output along its own value is taken out (0 at the zero init; record
         # 2026-05-07_XSAGatedLayers, after arXiv:2603.09078)
@@ -1258,7 +1265,7 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, ve, mask, rot: Rotary, sa: Tensor, flex_options, mudd=None,
                 gates: HeadGates = None) -> Tensor:
         """x: the block's normed input (B, T, dim); sa: this layer's (value, output) scales; mudd: (what MUDD
-        adds to v (B, T, H, D), the value embedding's gate less 2 (B, T, H)) on the last layer, else None;
+        adds to v (B, T, H, D), the value embedding's gate (B, T, H)) on the last layer, else None;
         gates: the MUDD gate's for this layer, else None."""
         gates = gates or HeadGates()
         B, T = x.shape[:2]
@@ -1273,9 +1280,9 @@ class Attention(nn.Module):
         if mudd is not None:
             v = v + mudd[0]
         if ve is not None and self.ve_gate_w is None:
-            v = v + (mudd[1] + 2)[..., None] * ve.view_as(v)
-        elif ve is not None:  # paired-head layers' gates read x[:12] alone (the record's paired branch)
-            ve_in = x if self.paired else torch.cat([x[..., :VE_GATE_X], ve[..., :GATE_DIMS - VE_GATE_X]], dim=-1)
+            v = v + mudd[1][..., None] * ve.view_as(v)
+        elif ve is not None:
+            ve_in = torch.cat([x[..., :VE_GATE_X], ve[..., :GATE_DIMS - VE_GATE_X]], dim=-1)
             v = v + 2 * gate(ve_in, self.ve_gate_w)[..., None] * ve.view_as(v)
         if self.paired:  # heads 0..H/2-1 of token t at position 2t of a twice-as-long sequence, the others at 2t+1
             q, k, v = (t.reshape(B, 2 * T, H // 2, D) for t in (q, k, v))
@@ -1284,9 +1291,9 @@ class Attention(nn.Module):
             y = y + dc_correction(q, k, v, *gates.dc)
         xsa = torch.tanh(self.xsa_w)[:, None] if self.xsa_w is not None else \
             None if gates.xsa is None else torch.tanh(gates.xsa)[..., None]
-        if xsa is not None:
-            unit_v = F.normalize(v, dim=-1, eps=1e-4)
-            y = y - xsa.type_as(y) * (y * unit_v).sum(-1, keepdim=True) * unit_v
+        if xsa is not None:  # y's part along v: (y.v) v / |v|^2, |v| at least 1e-4 (the master's form of PR 317)
+            along = (y * v).sum(-1, keepdim=True) / v.square().sum(-1, keepdim=True).clamp_min(1e-8)
+            y = y - xsa.type_as(y) * along * v
         out_gate = gate(x, self.gate_w) if self.gate_w is not None else gates.out
         if out_gate is not None:
             y = y * out_gate.type_as(y)[..., None]
@@ -1374,16 +1381,18 @@ class Block(nn.Module):
 
 
 class MUDD(nn.Module):
-    """Multiway dynamic dense connections (Xiao et al. 2025) as the record 2026-04-22_MuddFormer trims them: two
-    small MLPs (dim -> 64, gelu, -> 2 channels x 8 columns, plus a bias, times MUDD_SCALE) make per-token weights
-    from the stream. After the second-to-last layer (inner), from its output x: channel 1 mixes x0 and the
-    backout layer's output into x (x kept at 1 + its weight); channel 0 makes, times 1.15, what the last layer
-    adds to its v; column 3 of channel c, the gate (less 2) of the last layer's value embedding on heads
-    c H/2 .. (c + 1) H/2 - 1; columns 4-7, the last layer's attention and MLP residual and output weights and
-    its x0 and bigram shares, per token. After the last layer (outer), the second MLP's channel 1 mixes x0, the
-    backout layer's output, the second-to-last layer's, the first value embedding and the skip's source into
-    x. bf16 weights, as the record's; w_out starts at zero, so only the biases speak at first: the last layer's
-    weights at their old init and the backout at -0.5."""
+    """Multiway dynamic dense connections (Xiao et al. 2025) as the record 2026-04-22_MuddFormer trims them and
+    the speedrun's master re-parametrized them (2026-05-27 v3's code: scale 0.1, v's sources unscaled, the value
+    gate's 2 in its bias; 04-22's 0.2 / sqrt(3) and 1.15 are in its log): two small MLPs (dim -> 64, gelu, ->
+    2 channels x 8 columns, plus a bias, times MUDD_SCALE) make per-token weights from the stream. After the
+    second-to-last layer (inner), from its output x: channel 1 mixes x0 and the backout layer's output into x
+    (x kept at 1 + its weight); channel 0 makes what the last layer adds to its v; column 3 of channel c, the
+    gate of the last layer's value embedding on heads c H/2 .. (c + 1) H/2 - 1; columns 4-7, the last layer's
+    attention and MLP residual and output weights and its x0 and bigram shares, per token (v3's 14 outputs, in
+    another order: Adam's steps are per element). After the last layer (outer), the second MLP's channel 1 mixes
+    x0, the backout layer's output, the second-to-last layer's, the first value embedding and the skip's source
+    into x. bf16 weights, as the record's; w_out starts at zero, so only the biases speak at first: the last
+    layer's weights at their old init, its value gates at 2 and the backout at -0.5."""
 
     def __init__(self, dim: int, heads: int):
         super().__init__()
@@ -1394,6 +1403,7 @@ class MUDD(nn.Module):
         self.w_in = nn.Parameter(w_in.bfloat16())
         self.w_out = nn.Parameter(torch.zeros(2, MUDD_HIDDEN, 2, MUDD_COLS, dtype=torch.bfloat16))
         bias = torch.zeros(2, 2, MUDD_COLS)
+        bias[0, :, 3] = 2 / MUDD_SCALE            # the last layer's value-embedding gates: 2 sigmoid(0)
         bias[0, :, 4] = RESID_INIT / MUDD_SCALE   # the last layer's residual weights (attention, MLP)
         bias[0, :, 5] = 1 / MUDD_SCALE            # and output weights
         bias[0, 0, 7] = BIGRAM_INIT / MUDD_SCALE  # its bigram share (x0's, column 6, starts at 0)
@@ -1410,7 +1420,7 @@ class MUDD(nn.Module):
         mix: Block.forward's six weights, each (B, T, 1))."""
         m = self.weights(x, 0)
         v, r = m[..., 0, :3], m[..., 1, :3]
-        v_add = MUDD_V_SCALE * (v[..., 0:1] * x0 + v[..., 1:2] * backout_x + v[..., 2:3] * x)
+        v_add = v[..., 0:1] * x0 + v[..., 1:2] * backout_x + v[..., 2:3] * x
         x = (1 + r[..., 2:3]) * x + r[..., 0:1] * x0 + r[..., 1:2] * backout_x
         ve_gate = m[..., 3].repeat_interleave(self.heads // 2, dim=-1)
         mix = [m[..., 0, 4:5], m[..., 0, 5:6], m[..., 1, 4:5], m[..., 1, 5:6], m[..., 0, 6:7], m[..., 0, 7:8]]
@@ -1807,6 +1817,7 @@ class GPT(nn.Module):
             return loss, loss
         k = self.kernels
         prefix = None if self.prefix_table is None else self.prefix_table[targets]
+        assert mtp_weights.numel() == MTP_TOKENS + (prefix is not None), "loss_weights_at's weights, one per term"
         return self.head_loss(x, self.head_w, targets, mtp_weights, self.fp8_head,
                               k.head_launch(), k.ce_tanh_approx, prefix)
 
@@ -4211,7 +4222,7 @@ def _fp8_head_setup(ctx, inputs, output):
 def _fp8_head_grad(ctx, grad_loss, *_):
     x_f8, w_f8, g_f8, g_f8_t = ctx.saved_tensors
     grad_x, grad_w = fp8_mm_backward(g_f8, g_f8_t, x_f8, w_f8, ctx.launch)
-    return grad_x * grad_loss, grad_w * grad_loss, None, None, None, None, None, None, None
+    return grad_x * grad_loss, grad_w * grad_loss, *[None] * 8  # x_f8 .. prefix take none
 
 
 fp8_head_loss.register_autograd(_fp8_head_grad, setup_context=_fp8_head_setup)

@@ -75,8 +75,9 @@ MUTANTS = {
     "value-embedding gate ignored": ("train_gpt.py", [
         ("            v = v + 2 * gate(ve_in, self.ve_gate_w)[..., None] * ve.view_as(v)", "            v = v + ve.view_as(v)")],
         [REFERENCE, f"{T}::test_attention_and_value_gates_scale_each_head"]),
-    "paired-head value-embedding gate reads the value embedding": ("train_gpt.py", [
-        ("            ve_in = x if self.paired else", "            ve_in = x if False else")], [REFERENCE]),
+    "paired-head value-embedding gate reads x[:12] (as before the master of 2026-05-27 v3)": ("train_gpt.py", [
+        ("            ve_in = torch.cat([x[..., :VE_GATE_X],", "            ve_in = x if self.paired else torch.cat([x[..., :VE_GATE_X],")],
+        [REFERENCE]),
     "x0 is the normed embedding, not the stream layer 0 gets (the record's in-place bigram add)": ("train_gpt.py", [
         ("        if self.gate is None:\n            x0 = first\n", "")], [REFERENCE]),
     "bigram sign table unused": ("train_gpt.py", [
@@ -103,10 +104,13 @@ MUTANTS = {
         ["tests/test_training.py::test_fp8_mlp_is_the_records_fp8_product_with_bf16_grads"]),
     "MUDD after layer 9 weighs its own output by m, not 1 + m": ("train_gpt.py", [
         ("        x = (1 + r[..., 2:3]) * x +", "        x = r[..., 2:3] * x +")], [REFERENCE]),
-    "MUDD's v addition without its 1.15": ("train_gpt.py", [
-        ("        v_add = MUDD_V_SCALE * (", "        v_add = (")], [REFERENCE]),
+    "MUDD's v addition with 2026-04-22's 1.15 on x0's": ("train_gpt.py", [
+        ("        v_add = v[..., 0:1] * x0 +", "        v_add = 1.15 * v[..., 0:1] * x0 +")], [REFERENCE]),
+    "MUDD at 2026-04-22's scale": ("train_gpt.py", [
+        ("MUDD_SCALE = 0.1 ", "MUDD_SCALE = 0.2 / 3 ** 0.5 ")], [REFERENCE]),
     "the last layer's MUDD value gate without its 2": ("train_gpt.py", [
-        ("            v = v + (mudd[1] + 2)[..., None]", "            v = v + mudd[1][..., None]")], [REFERENCE]),
+        ("        bias[0, :, 3] = 2 / MUDD_SCALE", "        bias[0, :, 3] = 0 / MUDD_SCALE")],
+        [f"{T}::test_full_size_model_has_the_record_parameters"]),
     "MUDD's value-gate channels alternate heads, not halves": ("train_gpt.py", [
         ("m[..., 3].repeat_interleave(self.heads // 2, dim=-1)", "m[..., 3].repeat(1, 1, self.heads // 2)")], [REFERENCE]),
     "MUDD's last mix leaves out the skip's source": ("train_gpt.py", [
@@ -120,8 +124,9 @@ MUTANTS = {
     "the MUDD gate's XSA shares without their tanh": ("train_gpt.py", [
         ("None if gates.xsa is None else torch.tanh(gates.xsa)[..., None]", "None if gates.xsa is None else gates.xsa[..., None]")],
         [REFERENCE]),
-    "XSA along the value unnormalized": ("train_gpt.py", [
-        ("            unit_v = F.normalize(v, dim=-1, eps=1e-4)\n", "            unit_v = v\n")], [REFERENCE]),
+    "XSA's part along v over |v|, not |v|^2": ("train_gpt.py", [
+        ("/ v.square().sum(-1, keepdim=True).clamp_min(1e-8)", "/ v.norm(dim=-1, keepdim=True).clamp_min(1e-4)")],
+        [REFERENCE]),
     "XSA on paired heads too (their values interleaved)": ("train_gpt.py", [
         ('("--xsa_layers", cfg.xsa_layers if cfg.xsa else (), single,', '("--xsa_layers", cfg.xsa_layers if cfg.xsa else (), attn,')],
         ["tests/test_train_gpt.py::test_gate_and_dc_layouts_are_checked"]),
@@ -498,7 +503,10 @@ MUTANTS = {
         ("    if saved:  # another version's checkpoint, before its settings meet this version's checks\n"
          "        version_check(cfg.resume, *saved)\n", "")],
         ["tests/test_trust.py::test_checkpoints_with_the_right_keys_and_wrong_contents"]),
-    # prefix-token prediction (2026-07-13_PrefixTokenPrediction), off by default
+    # prefix-token prediction (2026-07-13_PrefixTokenPrediction), on by default (the master of 2026-08-01)
+    "the prefix-token loss off by default": ("train_gpt.py", [
+        ("    prefix_weight: float = H(0.25,", "    prefix_weight: float = H(0.0,")],
+        [f"{T}::test_the_prefix_weight_follows_the_record_schedule"]),
     "the prefix token is the shortest prefix in the vocabulary": ("train_gpt.py", [
         ("for n in range(len(token) - 1, 0, -1) if token[:n] in ids), -1)", "for n in range(1, len(token)) if token[:n] in ids), -1)")],
         [f"{T}::test_prefix_tokens_are_the_longest_proper_prefixes_in_the_vocabulary"]),

@@ -43,13 +43,13 @@ def golden_run(shards, tmp_path) -> tuple[dict, str]:
 
 
 def test_the_prefix_token_loss_joins_the_training_loss(sample_shards, tmp_path):
-    """--prefix_weight 0.25 (record 2026-07-13_PrefixTokenPrediction): the same 3 steps as without it, but for
-    the head's loss, which adds the prefix token's term in the first third: the step-1 train loss (the one
-    logged, the next-token loss) is the same, the weights then differ, so the later losses do; the val loss is
-    the next-token loss either way."""
-    off = losses(tiny_run(sample_shards, tmp_path / "off", "--num_steps", "3", "--run_id", "off"))
-    on = losses(tiny_run(sample_shards, tmp_path / "on", "--num_steps", "3", "--run_id", "on", "--prefix_weight",
-                         "0.25"))
+    """The default's --prefix_weight 0.25 (record 2026-07-13_PrefixTokenPrediction) against 0: the same 3 steps
+    but for the head's loss, which adds the prefix token's term in the first third: the step-1 train loss (the
+    one logged, the next-token loss) is the same, the weights then differ, so the later losses do; the val loss
+    is the next-token loss either way."""
+    off = losses(tiny_run(sample_shards, tmp_path / "off", "--num_steps", "3", "--run_id", "off", "--prefix_weight",
+                          "0"))
+    on = losses(tiny_run(sample_shards, tmp_path / "on", "--num_steps", "3", "--run_id", "on"))
     assert on[1] == off[1] and on[2] != off[2] and all(math.isfinite(v) for v in on.values())
 
 
@@ -146,7 +146,7 @@ def test_every_step_and_validation_gets_the_records_schedule(sample_shards, tmp_
     """What the trainer hands the model and the optimizer at every step and every validation of a 10-step run
     (9 scheduled + 1 extension; TINY's 2 then 4 sequences, windows 2 then 4 blocks, final 4, val 6), against
     the record's formulas (2026-01-30's TrainingSchedule) written out here: sequences per step and per forward pass, windows, YaRN stages,
-    multi-token weights, lr factor, momentum, Adam's odd steps, the tie until step 7's update; at validation
+    multi-token and prefix-token weights, lr factor, momentum, Adam's odd steps, the tie until step 7's update; at validation
     the step's windows, the final one widened to --val_window."""
     seen = []
     real_forward, real_step = tg.GPT.forward, tg.ShardedOptimizer.step
@@ -178,6 +178,7 @@ def test_every_step_and_validation_gets_the_records_schedule(sample_shards, tmp_
             break
         third, t = (0, s / 3) if s < 3 else (1, (s - 3) / 3) if s < 6 else (2, 1.0)
         mtp = [[1.0, 0.5, 0.25 * (1 - t)], [1.0, 0.5 * (1 - t), 0.0], [1.0, 0.0, 0.0]][third]
+        mtp += [[0.25, 0.25 * (1 - t), 0.0][third]]  # the prefix token's (2026-07-13)
         for _ in range((2, 4)[part] // 2):  # forward passes of 2 sequences
             want.append(("fwd", True, (2, 128), (long // 2 * 128, long * 128), [2] if part == 0 else [2, 4],
                          [round(v, 6) for v in mtp]))
@@ -282,7 +283,7 @@ def test_reduce_scatter_starts_during_backward(comm):
     model.embed.weight.register_hook(lambda g: seen.append(opt.launched))
     seq = torch.randint(0, 50257, (129,), dtype=torch.int32)
     opt.reduce_in_backward = True
-    model(seq[:-1], seq[1:], torch.tensor([128, 256]), torch.tensor([1.0, 0.5, 0.25]))[0].backward()
+    model(seq[:-1], seq[1:], torch.tensor([128, 256]), W4)[0].backward()
     # when layer 0's first grad arrives (its MLP input matrix: backward reaches an MLP's output matrix first),
     # every MLP output matrix is final and MUDD's weights and biases (after layers 2 and 3), not the MUDD gate's
     # (its first MLP reads x0): on one rank that is 1 NorMuon bucket of 4 and 2 Adam buckets; with two, 5 NorMuon
@@ -318,7 +319,7 @@ def sink_run(cfg, batches, with_sinks: bool, tied: bool):
     model.lookup = lookup
     for i, seq in enumerate(batches):
         opt.reduce_in_backward = i == len(batches) - 1
-        model(seq[:, :-1], seq[:, 1:], torch.tensor([128, 256]), W3)[0].backward()
+        model(seq[:, :-1], seq[:, 1:], torch.tensor([128, 256]), W4)[0].backward()
         for table, ids, out in looked_up:
             onehot = F.one_hot(ids.flatten().long(), table.num_embeddings).double()
             rows[table] = rows[table] + onehot.T @ out.grad.flatten(0, -2).double()
@@ -381,7 +382,7 @@ def test_weight_copies_train_bitwise_as_casting_in_forward():
             for i in range(2):
                 opt.reduce_in_backward = i == 1
                 seq = batches[2 * step + i]
-                model(seq[:, :-1], seq[:, 1:], torch.tensor([128, 256]), W3)[0].backward()
+                model(seq[:, :-1], seq[:, 1:], torch.tensor([128, 256]), W4)[0].backward()
                 if copies:  # the forward computed with the copies: their grads came, the matrices' did not
                     assert {id(c) for c in copies.copies} <= set(got_grads)
                     assert not {id(p) for p in copies.masters} & set(got_grads)
@@ -424,7 +425,7 @@ def test_both_compile_scopes_compute_the_eager_step(whole):
         seen, sink = [], model.grad_sinks[model.embed.weight]
         sink.add = lambda ids, g, order=None, add=sink.add: seen.append(opt.launched) or add(ids, g, order)
         opt.reduce_in_backward = True
-        loss = model(seq[:-1], seq[1:], torch.tensor([128, 256]), torch.tensor([1.0, 0.5, 0.25]))[0]
+        loss = model(seq[:-1], seq[1:], torch.tensor([128, 256]), W4)[0]
         loss.backward()
         assert opt.launched == len(opt.buckets)
         runs.append((loss.item(), [b.grad.clone() for b in opt.buckets], seen[0], graphs))
@@ -470,13 +471,14 @@ def test_every_parameter_gets_a_gradient():
     tg.check_config(cfg)
     model = tg.GPT(cfg)
     seq = torch.randint(0, 50257, (129,), dtype=torch.int32)
-    model(seq[:-1], seq[1:], torch.tensor([128, 256]), torch.tensor([1.0, 0.5, 0.25]))[0].backward()
+    model(seq[:-1], seq[1:], torch.tensor([128, 256]), W4)[0].backward()
     assert [n for n, p in model.named_parameters() if p.grad is None] == []
 
 
 # ---- FP8 head
 
 W3 = torch.tensor([1.0, 0.5, 0.25])  # multi-token weights of the first steps
+W4 = torch.tensor([1.0, 0.5, 0.25, 0.25])  # and the prefix token's: a model's loss weights then (loss_weights_at)
 
 
 @pytest.mark.parametrize("shape", [(256, 128), (4, 64, 128)])
@@ -594,14 +596,16 @@ def test_scaled_mm_fallback_equals_torch_scaled_mm():
     torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
 
 
-def assert_ce_kernel_matches_fallback(z, targets, weights, loss_atol: float, approx: bool, seq_len: int = 0):
+def assert_ce_kernel_matches_fallback(z, targets, weights, loss_atol: float, approx: bool, seq_len: int = 0,
+                                      prefix=None):
     """softcap_ce_rows's and transposed's Triton kernels on GPU against their torch rules on CPU: both losses
     within loss_atol, under 0.1% of the e5m2 grads a rounding step apart, and the transposed grad exactly the
     grad's transpose."""
-    loss, ntp, g = tg.softcap_ce_rows(z, targets, weights, tg.HEAD_GRAD_SCALE, (8, 512, 8), approx, seq_len)
+    loss, ntp, g = tg.softcap_ce_rows(z, targets, weights, tg.HEAD_GRAD_SCALE, (8, 512, 8), approx, seq_len,
+                                      prefix=prefix)
     g_t = tg.transposed(g, (64, 128))
     ref_loss, ref_ntp, ref_g = tg.softcap_ce_rows(z.cpu(), targets.cpu(), weights.cpu(), tg.HEAD_GRAD_SCALE,
-                                                  seq_len=seq_len)
+                                                  seq_len=seq_len, prefix=None if prefix is None else prefix.cpu())
     torch.testing.assert_close(loss.cpu(), ref_loss, atol=loss_atol, rtol=1e-5)
     torch.testing.assert_close(ntp.cpu(), ref_ntp, atol=loss_atol, rtol=1e-5)
     differ = (g.cpu().float() != ref_g.float()).float().mean().item()
@@ -620,6 +624,19 @@ def test_cuda_softcap_ce_kernel_matches_the_torch_fallback(approx, seq_len):
     z = (torch.randn(1000, 50304, device="cuda", generator=gen) * 20).bfloat16()
     targets = torch.randint(0, 50257, (1000,), device="cuda", generator=gen)
     assert_ce_kernel_matches_fallback(z, targets, W3.cuda(), 5e-3 if approx else 1e-4, approx, seq_len)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_softcap_ce_kernel_with_the_prefix_term():
+    """The kernel's prefix-token term (record 2026-07-13_PrefixTokenPrediction) against the rule's: every row's
+    prefix token from the real table, weight 0.25, a sequence break every 250 rows."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    z = (torch.randn(1000, 50304, device="cuda", generator=gen) * 20).bfloat16()
+    targets = torch.randint(0, 50257, (1000,), device="cuda", generator=gen)
+    prefix = torch.tensor(tg.prefix_tokens(50304), device="cuda")[targets]
+    weights = torch.tensor([1.0, 0.5, 0.25, 0.25], device="cuda")
+    assert (prefix >= 0).any() and (prefix < 0).any()
+    assert_ce_kernel_matches_fallback(z, targets, weights, 1e-4, False, 250, prefix)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
