@@ -4065,11 +4065,13 @@ MLP_TILE = ("rows", "columns", "depth", "warps", "stages", "store_split", "warp_
 # as any other (records/2026-12-06_mlptiles-h100, records/bench/mlpbench.py); the backward's two programs per
 # multiprocessor fit its shared memory (test_mlp_hopper_tiles_fit_the_shared_memory). The FP8 forward's: the
 # record's (2026-05-19_FP8MLPUpProj: 128 x 256 tiles 128 deep, 4 stages, 8 warps)
-DC_KERNEL_TILES = (16, 64, 64)  # dc_mix: queries per forward program; keys per backward program; its query tiles
-DC_KV_WARPS = 8                 # dc_mix's key side: warps per program
+# dc_mix's launches, the fastest of 4 timed by records/bench/dcbench.py (records/2026-12-07_master-h200: a pass's
+# forward + backward 2.55 ms, 4.03 with 64 keys, 8 warps and the heads in each program, 3.03 the compiled rule)
+DC_KERNEL_TILES = (16, 32, 64)  # dc_mix: queries per forward program; keys per backward program; its query tiles
+DC_KV_WARPS = 4                 # dc_mix's key side: warps per program
 # the key side's heads in one program each (a grid of key blocks x heads; its compile a sixth of the unrolled
-# one's), or all in each program (the one timed: records/2026-12-07_muddgate-dc-h100)
-DC_KV_HEADS_IN_GRID = False
+# one's), or all in each program
+DC_KV_HEADS_IN_GRID = True
 MLP_HOPPER_TILES = ((128, 256, 64, 8, 4, 2, 0, 1), (128, 128, 64, 8, 3, 4, 0, 2), (128, 256, 128, 8, 4, 2, 0, 1))
 
 

@@ -1124,9 +1124,11 @@ def test_cuda_fp8_and_flex_match_fallbacks():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_compiled_eval_forward_matches_the_cpu_model():
     """Validation's forward as validate() runs it on a GPU: the whole model compiled, its block masks built
-    inside that graph, no grad, against the same weights on CPU (dense masks, eager). Without the stored copy
-    of `first` in block_attention_mask, torch 2.11's Flex lowering of this graph fails, though every other CUDA
-    test passes (records/2026-12-06_evalfix-h100)."""
+    inside that graph, no grad, against the same weights on CPU (dense masks, eager) in float64: the GPU's hidden
+    states at most twice as far from them as the CPU's own bf16 forward (2.5% at these 4x values: bf16 rounding;
+    an H200 measured the GPU 2.4% from the CPU's bf16, records/2026-12-07_master-h200), and the losses alike.
+    Without the stored copy of `first` in block_attention_mask, torch 2.11's Flex lowering of this graph fails,
+    though every other CUDA test passes (records/2026-12-06_evalfix-h100)."""
     torch._dynamo.reset()
     cfg = tg.parse_args([*TINY, "--val_seq_len", "4096"])
     torch.manual_seed(0)
@@ -1141,11 +1143,16 @@ def test_cuda_compiled_eval_forward_matches_the_cpu_model():
     seq = torch.randint(0, 50257, (cfg.val_seq_len + 1,), dtype=torch.int32, generator=gen)
     seq[::700] = tg.BOS_ID
     windows = torch.tensor([2 * tg.MASK_BLOCK, 6 * tg.MASK_BLOCK], dtype=torch.int32)
+    exact = tg.GPT(cfg).eval()
+    exact.load_state_dict(cpu.state_dict())
+    exact = exact.double()
     with torch.no_grad():
-        want_x, want = cpu.hidden(seq[:-1], windows), cpu(seq[:-1], seq[1:], windows)[0]
+        want_x, want = exact.hidden(seq[:-1], windows), exact(seq[:-1], seq[1:], windows)[0]
+        cpu_x = cpu.hidden(seq[:-1], windows)
         got_x = gpu.hidden(seq[:-1].cuda(), windows.cuda()).cpu()
         got = gpu(seq[:-1].cuda(), seq[1:].cuda(), windows.cuda())[0].cpu()
-    assert ((got_x.float() - want_x.float()).norm() / want_x.float().norm()).item() < 2e-2
+    far = [((x.double() - want_x).norm() / want_x.norm()).item() for x in (got_x, cpu_x)]
+    assert far[0] < 2 * far[1], far
     assert abs(got.item() - want.item()) < 1e-3 * abs(want.item()), (got.item(), want.item())
 
 

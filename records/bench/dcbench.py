@@ -5,8 +5,8 @@ pass, forward and forward + backward, medians of --n; CUDA only.
 
     python records/bench/dcbench.py [--n 20] [--settings "BM,BN,BQ,KV_WARPS,KV_HEADS_IN_GRID" ...]
 
-e.g. --settings 16,64,64,8,0 16,64,64,4,1 16,64,64,8,1 16,32,64,4,1 (train_gpt's DC_KERNEL_TILES, DC_KV_WARPS and
-DC_KV_HEADS_IN_GRID; the first is the default).
+e.g. --settings 16,32,64,4,1 16,64,64,8,0 16,64,64,4,1 (train_gpt's DC_KERNEL_TILES, DC_KV_WARPS and
+DC_KV_HEADS_IN_GRID; the first is the default, records/2026-12-07_master-h200 timed these and more).
 """
 import argparse
 import statistics
