@@ -2725,8 +2725,9 @@ def micro_batch(cfg: Hyperparameters, world: int) -> int:
 # one GPU's peak at the default recipe, measured on an H100 (allocated, not reserved): at 2026-05-20's, 32,070 MiB at
 # four 16,384-token sequences per pass (records/2026-12-07_fp8sign-h100) and 19,537 MiB at two
 # (records/2026-12-07_cap24-h100): 6,267 MiB a sequence, 7,004 besides; 2026-05-27 v3's 34,031 MiB at four
-# (records/2026-12-07_muddgate-dc-h100) adds 1,961 besides (its wider bigram table). Other settings scale them: a
-# sequence's share by its tokens x width x depth, the rest by the parameters
+# (records/2026-12-07_muddgate-dc-h100) adds 1,961 besides (its wider bigram table); the master's port peaked at
+# 33,747 (records/2026-12-07_master-h200, an H200). Other settings scale them: a sequence's share by its tokens x
+# width x depth, the rest by the parameters
 PEAK_SEQ_MIB, PEAK_REST_MIB = 6267, 7004 + 1961
 PEAK_MARGIN = 0.9  # of the free memory: the allocator reserves more than it hands out (33.6 GiB for 32.1)
 

@@ -22,6 +22,7 @@ from conftest import (GOLDEN_TOL, REPO, TINY, load_script, losses, make_sample_s
 import train_gpt as tg  # noqa: E402
 
 GOLDEN = REPO / "tests" / "golden_tiny.json"
+W4 = torch.tensor([1.0, 0.5, 0.25, 0.25])  # a model's loss weights in the first steps: 3 tokens', the prefix's
 
 
 # ---- the golden curve: any change of training dynamics must update it on purpose
@@ -477,8 +478,7 @@ def test_every_parameter_gets_a_gradient():
 
 # ---- FP8 head
 
-W3 = torch.tensor([1.0, 0.5, 0.25])  # multi-token weights of the first steps
-W4 = torch.tensor([1.0, 0.5, 0.25, 0.25])  # and the prefix token's: a model's loss weights then (loss_weights_at)
+W3 = torch.tensor([1.0, 0.5, 0.25])  # multi-token weights of the first steps (the head's kernels take them)
 
 
 @pytest.mark.parametrize("shape", [(256, 128), (4, 64, 128)])
