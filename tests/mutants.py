@@ -517,6 +517,9 @@ MUTANTS = {
         ("    for r, target, w in terms:\n        dz[r, target] -= w",
          "    for r, target, w in terms[:len(terms) - (prefix is not None)]:\n        dz[r, target] -= w")],
         [f"{T}::test_softcap_ce_adds_the_prefix_token_loss"]),
+    "the FP8 head's backward one grad short (the prefix input's)": ("train_gpt.py", [
+        ("grad_w * grad_loss, *[None] * 8", "grad_w * grad_loss, *[None] * 7")],
+        ["tests/test_training.py::test_full_width_fp8_head_stays_within_its_scales_while_training"]),
     "the model never hands the head its prefix targets": ("train_gpt.py", [
         ("        prefix = None if self.prefix_table is None else self.prefix_table[targets]", "        prefix = None")],
         [f"{T}::test_the_model_hands_the_head_each_targets_prefix_token"]),
