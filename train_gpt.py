@@ -1380,6 +1380,13 @@ class Block(nn.Module):
         return mix[2] * x + mix[3] * self.mlp(norm(x))
 
 
+def token_mlp(x: Tensor, w_in: Tensor, w_out: Tensor, bias: Tensor, scale) -> Tensor:
+    """Per-token weights from a small MLP, MUDD's and the MUDD gate's: (gelu(x w_in^T) w_out + bias) times scale,
+    in x's dtype; w_in (hidden, dim), w_out (hidden, outputs)."""
+    h = F.gelu(mm(x, w_in.type_as(x).mT))
+    return (mm(h, w_out.type_as(x)) + bias.type_as(x)) * scale
+
+
 class MUDD(nn.Module):
     """Multiway dynamic dense connections (Xiao et al. 2025) as the record 2026-04-22_MuddFormer trims them and
     the speedrun's master re-parametrized them (2026-05-27 v3's code: scale 0.1, v's sources unscaled, the value
@@ -1411,9 +1418,8 @@ class MUDD(nn.Module):
         self.bias = nn.Parameter(bias.bfloat16())
 
     def weights(self, x: Tensor, j: int) -> Tensor:
-        h = F.gelu(mm(x, self.w_in[j].type_as(x).mT))
-        return (mm(h, self.w_out[j].flatten(1).type_as(x)).unflatten(-1, (2, MUDD_COLS)) + self.bias[j].type_as(x)) \
-            * MUDD_SCALE
+        return token_mlp(x, self.w_in[j], self.w_out[j].flatten(1), self.bias[j].flatten(), MUDD_SCALE) \
+            .unflatten(-1, (2, MUDD_COLS))
 
     def inner(self, x: Tensor, x0: Tensor, backout_x: Tensor):
         """x: the second-to-last layer's output. Returns (x mixed, the last layer's Attention.forward mudd, its
@@ -1483,8 +1489,7 @@ class MuddGate(nn.Module):
     def coefficients(self, x: Tensor, j: int) -> dict:
         """MLP j's coefficients from x (B, T, dim): {(kind, layer): (B, T, width)}."""
         n = self.spans[j][-1][-1]
-        h = F.gelu(mm(x, self.w_in[j].type_as(x).mT))
-        c = (mm(h, self.w_out[j, :n].type_as(x).mT) + self.bias[j, :n].type_as(x)) * self.scale.type_as(x)
+        c = token_mlp(x, self.w_in[j], self.w_out[j, :n].mT, self.bias[j, :n], self.scale.type_as(x))
         return {(kind, i): c[..., start:stop] for kind, i, start, stop in self.spans[j]}
 
 

@@ -187,7 +187,7 @@ MUTANTS = {
         ("                coef.update(self.gate.coefficients(x, 1))", "                coef.update(self.gate.coefficients(x0, 1))")],
         [REFERENCE]),
     "the MUDD gate without its learned scale": ("train_gpt.py", [
-        (" + self.bias[j, :n].type_as(x)) * self.scale.type_as(x)", " + self.bias[j, :n].type_as(x)) * GATE_SCALE_INIT")],
+        ("self.bias[j, :n], self.scale.type_as(x))", "self.bias[j, :n], GATE_SCALE_INIT)")],
         [REFERENCE]),
     "the MUDD gate's bigram and x0 shares swapped": ("train_gpt.py", [
         ('for i in own(inject) for kind in ("x0", "bigram")]', 'for i in own(inject) for kind in ("bigram", "x0")]')],

@@ -371,8 +371,7 @@ def ref_gate(P: dict, x: torch.Tensor, j: int, heads: int) -> dict:
     """The MUDD gate's MLP j on x (T, dim), (gelu(x W1_j^T) W2_j^T + b_j) times the learned scale, unpacked as
     record 2026-05-27-MuddGatedAndDC v3's unpack_pre_mudd_gate / unpack_post_mudd_gate do at 6 heads, with H
     heads in place of 6: {layer: {kind: (T, H) or (T,)}}; "skip" under layer 6."""
-    u = x @ P["gate.w_in"][j].T
-    c = ((u * 0.5 * (1 + torch.erf(u / 2 ** 0.5))) @ P["gate.w_out"][j].T + P["gate.bias"][j]) * P["gate.scale"]
+    c = (ref_gelu(x @ P["gate.w_in"][j].T) @ P["gate.w_out"][j].T + P["gate.bias"][j]) * P["gate.scale"]
     H, out = heads, {}
     xsa_layers, out_layer, inject = ((1, 3), 3, (0, 1, 2, 3)) if j == 0 else ((4, 7), 10, (4, 5, 7, 8, 9))
     for n, layer in enumerate(xsa_layers):
@@ -461,10 +460,14 @@ def ref_hidden(P: dict, tokens: np.ndarray, short: int, long: int, stages: list,
 
 def ref_mudd_weights(P: dict, x: torch.Tensor, j: int) -> torch.Tensor:
     """MUDD's per-token weights from MLP j on x (T, dim): (gelu(x W1_j^T) W2_j + b_j) 0.1 (2026-05-27 v3's
-    _mudd_scale), (T, 2, 8); gelu(u) = u Phi(u), the normal CDF Phi by erf."""
-    u = x @ P["mudd.w_in"][j].T
-    h = u * 0.5 * (1 + torch.erf(u / 2 ** 0.5))
+    _mudd_scale), (T, 2, 8)."""
+    h = ref_gelu(x @ P["mudd.w_in"][j].T)
     return (torch.einsum("td,dcl->tcl", h, P["mudd.w_out"][j]) + P["mudd.bias"][j]) * 0.1
+
+
+def ref_gelu(u: torch.Tensor) -> torch.Tensor:
+    """gelu(u) = u Phi(u), the normal CDF Phi by erf."""
+    return u * 0.5 * (1 + torch.erf(u / 2 ** 0.5))
 
 
 def randomized_record_model(seed: int, **over) -> "tg.GPT":
