@@ -95,6 +95,10 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #              its first matmul's forward in FP8 while training: e4m3 input   fp8_input, fp8_weight, WeightCopies,
 #              and weights, each scaled by its largest value (the weights'   relu_square_mm
 #              after every optimizer step); backward in bf16 ................ (2026-05-19_FP8MLPUpProj; 1380 + 10)
+#              its second matmul's forward in FP8 too: the kernel writes      fp8_post, fp8_down_weight,
+#              ReLU^2's e4m3 copy and largest value; delayed scales, 1.8 x   fp8_down_*_scales, FP8_DOWN_*,
+#              the step before's largest activation, 1.12 x the weights'     GPT.step_fp8_down
+#              before the last update (exact for 16 steps); bf16 backward ... (2026-07-17_FP8DownProjection)
 #   optim    NorMuon: Polar Express orthogonalization, per-neuron 2nd moment . polar_express, normuon_update
 #                                                                               (2025-09-29_PolarExpress, 2025-10-24)
 #              its decay 0.9 (2026-03-22_VarlenMaxDocs; 0.95 before) ......... Hyperparameters.muon_beta2
@@ -117,8 +121,7 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #            its Muon beta2 is ported)
 #   skipped: 2026-05-27-MuddGatedAndDC's v1 and v2 (its v3 is the one submitted, and ported)
 #   left out: 2026-02-10_ShortWindow's short windows of 2 blocks in the third stage: the records after it
-#            (2026-02-12 on) keep 5, as here. 2026-07-17_FP8DownProjection (the MLP's down projection's forward
-#            in FP8 with delayed scales): the master has it; ours is bf16 (a speed change of the same steps)
+#            (2026-02-12 on) keep 5, as here
 #   skipped, the same math or not in the master: PR 317's XSA rewrite (only its form is taken, above);
 #            2026-06-11_RecursiveFromBest (branched from 2026-05-20: its FP8 attention projections, noise and
 #            cautious Adam are not in the master; its ReLU^2 kernel's storage, post alone, is relu_square_mlp's)
@@ -146,6 +149,8 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 #     of every sequence takes the sign table's row 0, as the record's first token of each GPU's sequence does.
 #   - The bigram sign table is drawn after every other weight (the record draws it beside the bigram table):
 #     another random table of the same rule, and the other weights start as they did before it.
+#   - --fp8_down's activation scale follows the largest ReLU^2 output of the whole step before (its passes and
+#     GPUs), where the record's follows each GPU's last forward pass: the same scale at any GPU count.
 #   - DC's correction is its own pass after Flex (dc_correction; on the GPU the dc_mix op's kernels of ours), where
 #     the record's kernel adds it to FlashAttention-3's output: the same function, checked against a brute force
 #     in float64 (the torch rule) and against the rule (the kernels).
@@ -327,6 +332,10 @@ class Hyperparameters:
     fp8_head: bool = H(True, "lm_head matmuls in FP8 while training (e4m3 forward, e5m2 grads); bf16 in eval")
     fp8_mlp: bool = H(True, "the MLP's first matmul in FP8 while training: its input and weights in e4m3, each scaled "
                             "by its largest value, the grads in bf16; bf16 in eval (record 2026-05-19_FP8MLPUpProj)")
+    fp8_down: bool = H(True, "with --fp8_mlp, the MLP's second matmul in FP8 while training too: ReLU^2's output in "
+                             "e4m3 scaled by 1.8 x its largest value in the step before, the weights by 1.12 x "
+                             "theirs before the last optimizer step; grads in bf16 (record "
+                             "2026-07-17_FP8DownProjection)")
     mlp_kernel: bool = H(True, "on H100/H200 the MLP's first matmul squares its ReLU in its epilogue, one Triton "
                                 "kernel each way (the same function); 0: cuBLAS and a compiled ReLU^2")
     flex_tiles: str = H("auto", "FlexAttention's Triton tiles: default, small (fits GPUs with 99 KiB shared memory "
@@ -404,16 +413,18 @@ class KernelSettings:
     ce_tanh_approx: bool = True          # the cap's tanh as one tanh.approx op (records/2026-12-03_speed2-h200)
     transpose_tile: tuple = (64, 128)    # fp8 transpose tile (records/2026-12-03_speed-h200)
     mlp_tiles: tuple = None              # the MLP's fused ReLU^2 matmul (relu_square_mlp): its forward's tile,
-                                         # its backward's and its FP8 forward's (MLP_TILE each); None: cuBLAS
+                                         # its backward's, its FP8 forward's and that for --fp8_down (MLP_TILE
+                                         # each); None: cuBLAS
                                          # and a compiled ReLU^2
 
     def head_launch(self) -> tuple:
         """The FP8 head's launch (head_loss, fp8_head_loss): the CE kernel's tiles, then the transposes'."""
         return (*self.ce_tiles, *self.transpose_tile)
 
-    def mlp_launch(self, fp8: bool = False) -> list:
-        """relu_square_mlp's tiles: its forward's (FP8 or bf16), then its backward's."""
-        return [*self.mlp_tiles[2 if fp8 else 0], *self.mlp_tiles[1]]
+    def mlp_launch(self, fp8: bool = False, down: bool = False) -> list:
+        """relu_square_mlp's tiles: its forward's (FP8, FP8 with post's e4m3 copy for the down projection, or
+        bf16), then its backward's."""
+        return [*self.mlp_tiles[3 if down else 2 if fp8 else 0], *self.mlp_tiles[1]]
 
 
 # settings that may differ between a checkpoint and the run resuming it: none of them changes the training (the
@@ -833,6 +844,13 @@ YARN_ALPHA, YARN_BETA = 1, 32  # YaRN slows frequencies turning < 1 time per win
 BIGRAM_MULS = (36313, 27191)   # the record's bigram hash: (36313 * token) xor (27191 * previous token)
 E4M3_MAX = 448.0     # largest finite float8_e4m3fn
 E5M2_MAX = 57344.0   # largest finite float8_e5m2
+# the MLP's down projection in FP8 (record 2026-07-17_FP8DownProjection), its scales delayed: the activation's is
+# 1.8 x its largest value in the step before / 448, the weights' 1.12 x their largest before the last optimizer
+# step / 448 (so a step's growth rarely clips), but their largest now / 448 for the initial weights' copy and
+# after each of the first 16 optimizer steps, while the weights move fastest
+FP8_DOWN_ACT_HEADROOM = 1.8
+FP8_DOWN_WEIGHT_HEADROOM = 1.12
+FP8_DOWN_EXACT_STEPS = 16
 # lm_head FP8 scales (record 2025-12-19_RetieLMHead): the head's rms-normed inputs, its weights and its logit
 # grads (within +-1.75 of the multi-token loss) divided by these fit e4m3, e4m3 and e5m2
 HEAD_X_SCALE = 100 / 448
@@ -1328,6 +1346,47 @@ def fp8_mm(a_f8: Tensor, b_f8: Tensor, scale: Tensor) -> Tensor:
     return ((a_f8.float() @ b_f8.float().T) * scale).bfloat16()
 
 
+# ---- the MLP's down projection in FP8 (record 2026-07-17_FP8DownProjection): forward only, relu(pre)^2 and the
+# weights in e4m3 by delayed scales (FP8_DOWN_*); backward reads post and the weights in bf16
+
+def fp8_post(post: Tensor, act_scale: Tensor) -> Tensor:
+    """post's e4m3 copy for the down projection: min(post / act_scale, 448) (post >= 0), post times 1 /
+    act_scale in fp32 as the record's kernel epilogue makes it."""
+    return (post.float() * act_scale.reciprocal()).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def fp8_down_weight(w: Tensor, scale: Tensor) -> Tensor:
+    """proj_w (4 dim, dim) in bf16 to (w / scale)^T in e4m3 (dim, 4 dim), clipped to +-448: divided in fp32 (the
+    record's quantize kernel), laid out as fp8_mm's second operand."""
+    return (w.detach().float() / scale).clamp(-E4M3_MAX, E4M3_MAX).mT.to(torch.float8_e4m3fn)
+
+
+@torch.no_grad()
+def fp8_down_weight_scales(scales: Tensor, weights: list, exact: bool):
+    """After the weights change (an optimizer step; at init), per layer (a row of scales): column 1, the scale of
+    the weights' next e4m3 copy, takes column 2's value, 1.12 x their largest magnitude before the change / 448
+    (fp32), or with exact is their largest magnitude now / 448 (in bf16, the record's bootstrap); then column 2
+    is set from the weights now. weights: each layer's proj_w in fp32 (its largest magnitude rounded to bf16
+    is its bf16 copy's)."""
+    top = torch.stack(torch._foreach_norm(weights, math.inf)).bfloat16()
+    if exact:
+        scales[:, 1] = (top.clamp(min=1e-12) / E4M3_MAX).float()
+    else:
+        scales[:, 1] = scales[:, 2]
+    scales[:, 2] = top.float().clamp(min=1e-12) * (FP8_DOWN_WEIGHT_HEADROOM / E4M3_MAX)
+
+
+@torch.no_grad()
+def fp8_down_act_scales(scales: Tensor, amax: Tensor, comm: "Comm"):
+    """At a step's end: column 0 of scales, the activations' scale for the next step, from amax (layers,), the
+    largest ReLU^2 output of each layer in this step's passes, made the largest over the ranks (the same
+    scales at any world size); amax restarts at 0. The record sets it after every forward pass, of one GPU's
+    sequence: here a step's passes and ranks share one, so that a step trains the same however it is split."""
+    comm.all_max(amax)
+    scales[:, 0] = amax.clamp(min=1e-12) * (FP8_DOWN_ACT_HEADROOM / E4M3_MAX)
+    amax.zero_()
+
+
 class MLP(nn.Module):
     def __init__(self, dim: int, kernels: KernelSettings = None):
         super().__init__()
@@ -1337,14 +1396,22 @@ class MLP(nn.Module):
         self.kernels = kernels or KernelSettings()
         self.copies = {}  # name -> the matrix's compute copy while training (WeightCopies)
         self.fc_fp8 = None  # (fc_w in e4m3, its scale) while training with --fp8_mlp (WeightCopies)
+        # with --fp8_down: (proj_w^T in e4m3, the activation's scale, the weights', the largest activation of the
+        # step's passes so far), the scales views of GPT.fp8_down_scales' row, the last of GPT.fp8_down_amax's
+        self.down_fp8 = None
 
     def forward(self, x: Tensor) -> Tensor:
         fc_w, proj_w = weight_in(self, "fc_w", x), weight_in(self, "proj_w", x)
         fused = self.kernels.mlp_tiles and on_gpu(x) and x.dtype == torch.bfloat16
         if self.training and self.fc_fp8 is not None and x.dtype == torch.bfloat16:
             x_f8, scale = fp8_input(x, self.fc_fp8[1])
-            tiles = self.kernels.mlp_launch(fp8=True) if fused else []
-            return relu_square_mlp(x, fc_w, proj_w, tiles, x_f8.view(-1, x.size(-1)), self.fc_fp8[0], scale)[0]
+            down = self.down_fp8
+            tiles = self.kernels.mlp_launch(fp8=True, down=down is not None) if fused else []
+            out, _, top = relu_square_mlp(x, fc_w, proj_w, tiles, x_f8.view(-1, x.size(-1)), self.fc_fp8[0], scale,
+                                          *(down[:3] if down else ()))
+            if down is not None:  # the step's largest so far, for the next step's scale (fp8_down_act_scales)
+                down[3].copy_(torch.maximum(down[3], top))
+            return out
         if fused:  # the same function, ReLU^2 in the matmul's epilogue
             return relu_square_mlp(x, fc_w, proj_w, self.kernels.mlp_launch())[0]
         return mm(F.relu(mm(x, fc_w.mT)).square(), proj_w)  # ReLU^2
@@ -1665,6 +1732,16 @@ class GPT(nn.Module):
         # each token's prefix token (prefix_tokens), for the prefix-token loss: fixed, so not in checkpoints
         self.register_buffer("prefix_table", torch.tensor(prefix_tokens(V)) if cfg.prefix_weight else None,
                              persistent=False)
+        # --fp8_down's scales per layer: the activation's (1 at first, as the record's), the weights' for their
+        # e4m3 copy now and the one set from them for the next (fp8_down_weight_scales); state a checkpoint holds.
+        # Rows of 16 bytes (a fourth column unused): the activation's scale, which the MLP kernel reads, is then
+        # 16-byte aligned in every layer, so one compiled kernel serves all (Triton specializes on alignment).
+        # And each layer's largest activation in the step's passes so far, 0 between steps
+        fp8_down = cfg.fp8_down and cfg.fp8_mlp
+        self.register_buffer("fp8_down_scales", torch.ones(L, 4) if fp8_down else None)
+        self.register_buffer("fp8_down_amax", torch.zeros(L) if fp8_down else None, persistent=False)
+        if fp8_down:
+            fp8_down_weight_scales(self.fp8_down_scales, [b.mlp.proj_w for b in self.blocks], exact=True)
         self.grad_sinks = {}  # table weight -> RowSink, attached by the optimizer (ShardedOptimizer.row_sinks)
         self.weight_copies = None  # the matrices' compute copies while training (use_weight_copies)
 
@@ -1712,6 +1789,14 @@ class GPT(nn.Module):
         share = self.lambdas()[1] * gate(x[:, 1:], self.smear_gate_w)
         return norm(torch.cat([x[:, :1], x[:, 1:] + share * x[:, :-1]], dim=1))
 
+    @torch.no_grad()
+    def step_fp8_down(self, step: int, comm: "Comm"):
+        """After optimizer step `step` under --fp8_down: the next step's activation scales from this one's
+        passes, and the weights' for their next e4m3 copies (exact after the first FP8_DOWN_EXACT_STEPS steps)."""
+        fp8_down_act_scales(self.fp8_down_scales, self.fp8_down_amax, comm)
+        fp8_down_weight_scales(self.fp8_down_scales, [b.mlp.proj_w for b in self.blocks],
+                               exact=step < FP8_DOWN_EXACT_STEPS)
+
     def use_weight_copies(self, copies: "WeightCopies"):
         """Compute with copies' bf16 matrices (each block's attention and MLP looks its own up by name)."""
         self.weight_copies = copies
@@ -1723,6 +1808,12 @@ class GPT(nn.Module):
                                  if id(p) in of}
             if isinstance(module, MLP):
                 module.fc_fp8 = fp8.get(id(module.fc_w))
+        if self.fp8_down_scales is not None and copies.fp8:  # the down projection in FP8 too
+            index = {id(p): i for i, p in enumerate(copies.masters)}
+            for i, block in enumerate(self.blocks):
+                scales = self.fp8_down_scales[i]
+                w_f8 = copies.fp8_down(index[id(block.mlp.proj_w)], scales[1:2])
+                block.mlp.down_fp8 = (w_f8, scales[0:1], scales[1:2], self.fp8_down_amax[i:i + 1])
 
     def hidden(self, idx: Tensor, windows: Tensor) -> Tensor:
         """idx: (B, T) token ids of B sequences, or (T,) of one; windows: (short, long) window in tokens.
@@ -1963,6 +2054,11 @@ class Comm:
             dist.all_reduce(t)
         return t
 
+    def all_max(self, t: Tensor) -> Tensor:
+        if self.world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t
+
     def all_ok(self, ok: bool) -> bool:
         """True if ok is true on every rank: how ranks agree to go on after a step that can fail on one of them
         (reading a checkpoint, writing one), instead of the others hanging in their next collective."""
@@ -2054,6 +2150,13 @@ class WeightCopies:
         # {index: (e4m3 copy, its scale)} for the masters at these indices (the MLPs' fc_w under --fp8_mlp): made
         # from the bf16 copy whenever it is, in place, so the compiled graphs keep reading the same tensors
         self.fp8 = {i: fp8_weight(self.copies[i]) for i in fp8}
+        self.down = {}  # {index: (e4m3 copy, the scale it is made with)}: the MLPs' proj_w under --fp8_down
+
+    def fp8_down(self, i: int, scale: Tensor) -> Tensor:
+        """An e4m3 copy of master i (an MLP's proj_w) by fp8_down_weight at scale, a device scalar that others
+        set (fp8_down_weight_scales, a checkpoint's restore): remade with the bf16 copy, in place."""
+        self.down[i] = (fp8_down_weight(self.copies[i], scale).contiguous(), scale)
+        return self.down[i][0]
 
     @torch.no_grad()
     def sync(self):
@@ -2064,6 +2167,9 @@ class WeightCopies:
         for i in (i for i in stale if i in self.fp8):
             for held, new in zip(self.fp8[i], fp8_weight(self.copies[i])):
                 held.copy_(new)
+        for i in (i for i in stale if i in self.down):
+            held, scale = self.down[i]
+            held.copy_(fp8_down_weight(self.copies[i], scale))
 
 
 class ShardedOptimizer:
@@ -2847,7 +2953,9 @@ def build(cfg: Hyperparameters) -> Trainer:
     rank, world, device = setup(cfg)
     comm = Comm(rank, world, device)
     notes, kernels = [], KernelSettings()
-    fp8 = [name for name in ("fp8_head", "fp8_mlp") if getattr(cfg, name)]
+    if cfg.fp8_down and not cfg.fp8_mlp:  # the down projection's FP8 goes with the up projection's
+        cfg = dataclasses.replace(cfg, fp8_down=False)
+    fp8 = [name for name in ("fp8_head", "fp8_mlp", "fp8_down") if getattr(cfg, name)]
     if fp8 and device.type == "cuda" and not has_fp8_tensor_cores(torch.cuda.get_device_capability(device)):
         cfg = dataclasses.replace(cfg, **{name: False for name in fp8})  # emulated FP8 would be slower than bf16
         notes.append(log_line(note=",".join(f"{name}_off" for name in fp8),
@@ -2924,6 +3032,8 @@ def train_step(trainer: Trainer, step: int) -> float:
         mtp_loss.backward()
         loss += next_token_loss.detach()
     trainer.opt.step(lr_factor(step, cfg), muon_momentum(step, cfg))
+    if trainer.model.fp8_down_scales is not None:
+        trainer.model.step_fp8_down(step, trainer.comm)
     if step == split_step(cfg) and trainer.opt.tied:
         trainer.opt.untie()
     if step + 1 < cfg.num_steps:
@@ -4070,7 +4180,8 @@ MLP_TILE = ("rows", "columns", "depth", "warps", "stages", "store_split", "warp_
 # forward's and backward's (KernelSettings.mlp_tiles): the fastest of 21 launches each on an H100, the same bits
 # as any other (records/2026-12-06_mlptiles-h100, records/bench/mlpbench.py); the backward's two programs per
 # multiprocessor fit its shared memory (test_mlp_hopper_tiles_fit_the_shared_memory). The FP8 forward's: the
-# record's (2026-05-19_FP8MLPUpProj: 128 x 256 tiles 128 deep, 4 stages, 8 warps)
+# record's (2026-05-19_FP8MLPUpProj: 128 x 256 tiles 128 deep, 4 stages, 8 warps), and with post's e4m3 copy
+# for the down projection 3 stages (2026-07-17_FP8DownProjection: the copy's staging takes the fourth's memory)
 # dc_mix's launches, the fastest of 4 timed by records/bench/dcbench.py (records/2026-12-07_master-h200: a pass's
 # forward + backward 2.55 ms, 4.03 with 64 keys, 8 warps and the heads in each program, 3.03 the compiled rule)
 DC_KERNEL_TILES = (16, 32, 64)  # dc_mix: queries per forward program; keys per backward program; its query tiles
@@ -4078,7 +4189,8 @@ DC_KV_WARPS = 4                 # dc_mix's key side: warps per program
 # the key side's heads in one program each (a grid of key blocks x heads; its compile a sixth of the unrolled
 # one's), or all in each program
 DC_KV_HEADS_IN_GRID = True
-MLP_HOPPER_TILES = ((128, 256, 64, 8, 4, 2, 0, 1), (128, 128, 64, 8, 3, 4, 0, 2), (128, 256, 128, 8, 4, 2, 0, 1))
+MLP_HOPPER_TILES = ((128, 256, 64, 8, 4, 2, 0, 1), (128, 128, 64, 8, 3, 4, 0, 2), (128, 256, 128, 8, 4, 2, 0, 1),
+                    (128, 256, 128, 8, 3, 2, 0, 1))
 
 
 def ce_outputs(rows: int, vocab: int, device) -> tuple[Tensor, Tensor, Tensor]:
@@ -4242,21 +4354,32 @@ fp8_head_loss.register_autograd(_fp8_head_grad, setup_context=_fp8_head_setup)
 
 @torch.library.custom_op("train_gpt::relu_square_mlp", mutates_args=())
 def relu_square_mlp(x: Tensor, fc_w: Tensor, proj_w: Tensor, tiles: list[int], x_f8: Optional[Tensor] = None,
-                    fc_f8: Optional[Tensor] = None, fp8_scale: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                    fc_f8: Optional[Tensor] = None, fp8_scale: Optional[Tensor] = None,
+                    proj_f8: Optional[Tensor] = None, act_scale: Optional[Tensor] = None,
+                    proj_scale: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     """MLP.forward's relu(x @ fc_w.T)^2 @ proj_w for x (..., dim) and weights (4 dim, dim), of one dtype:
-    returns (output, post), post = relu(x @ fc_w.T)^2, all backward reads of the activations (relu(pre) is
+    returns (output, post, top), post = relu(x @ fc_w.T)^2, all backward reads of the activations (relu(pre) is
     sqrt(post), so pre is never stored: the speedrun's 2026-06-11 "leaner" kernel). On GPU one kernel makes post
     (relu_square_mm); tiles: KernelSettings.mlp_launch, forward's and backward's MLP_TILE end to end, or [] for
     torch ops. With x_f8 (tokens, dim), fc_f8 and fp8_scale (fp8_input, fp8_weight) x @ fc_w.T is their FP8
-    product instead (fp8_mm); the grads still come from x and fc_w."""
+    product instead (fp8_mm); with proj_f8 (dim, 4 dim), act_scale and proj_scale too (fp8_down_weight), post @
+    proj_w is fp8_post(post, act_scale)'s with proj_f8, times both scales, and top (1,) fp32 is post's largest
+    value (else empty). The grads still come from x, fc_w, proj_w and post in bf16."""
     fp8 = None if x_f8 is None else (x_f8, fc_f8, fp8_scale)
-    post = relu_square_mm(x.reshape(-1, x.size(-1)), fc_w, None, tiles[:len(MLP_TILE)], fp8)
-    return mm(post, proj_w).reshape(x.shape), post
+    x2 = x.reshape(-1, x.size(-1))
+    if proj_f8 is None:
+        post = relu_square_mm(x2, fc_w, None, tiles[:len(MLP_TILE)], fp8)
+        return mm(post, proj_w).reshape(x.shape), post, x.new_empty(0, dtype=torch.float32)
+    post, post_f8, top = relu_square_mm(x2, fc_w, None, tiles[:len(MLP_TILE)], fp8, act_scale)
+    # one scale of their product: cuBLAS refused the scales as views of their buffer (CUBLAS_STATUS_NOT_SUPPORTED on
+    # an H100, records/2026-12-07_fp8down-h100), which a new tensor is not
+    return fp8_mm(post_f8, proj_f8, act_scale * proj_scale).reshape(x.shape), post, top
 
 
 @relu_square_mlp.register_fake
-def _(x, fc_w, proj_w, tiles, x_f8=None, fc_f8=None, fp8_scale=None):
-    return x.new_empty(x.shape), x.new_empty(x.numel() // x.size(-1), fc_w.size(0))
+def _(x, fc_w, proj_w, tiles, x_f8=None, fc_f8=None, fp8_scale=None, proj_f8=None, act_scale=None, proj_scale=None):
+    return (x.new_empty(x.shape), x.new_empty(x.numel() // x.size(-1), fc_w.size(0)),
+            x.new_empty(0 if proj_f8 is None else 1, dtype=torch.float32))
 
 
 @torch.library.custom_op("train_gpt::relu_square_grad", mutates_args=())
@@ -4276,31 +4399,36 @@ def _relu_square_setup(ctx, inputs, output):
     ctx.save_for_backward(inputs[0], inputs[1], inputs[2], output[1])
     ctx.tiles = inputs[3]
     ctx.set_materialize_grads(False)  # post's grad is never used: no zeros made for it
+    ctx.mark_non_differentiable(output[2])  # top only sets the next step's scale
 
 
 def _relu_square_backward(ctx, g, *_):
     x, fc_w, proj_w, post = ctx.saved_tensors
     g2, x2 = g.reshape(-1, g.size(-1)), x.reshape(-1, x.size(-1))
     dpre = relu_square_grad(g2, proj_w, post, ctx.tiles[len(MLP_TILE):])
-    return mm(dpre, fc_w).reshape(x.shape), mm(dpre.mT, x2), mm(post.mT, g2), None, None, None, None
+    return mm(dpre, fc_w).reshape(x.shape), mm(dpre.mT, x2), mm(post.mT, g2), *[None] * 7  # tiles .. proj_scale
 
 
 relu_square_mlp.register_autograd(_relu_square_backward, setup_context=_relu_square_setup)
 
 
-def relu_square_mm(a: Tensor, b: Tensor, post, tile, fp8: tuple = None) -> Tensor:
+def relu_square_mm(a: Tensor, b: Tensor, post, tile, fp8: tuple = None, act_scale: Tensor = None):
     """s = a @ b.T for a (rows, k) and b (n, k), or with fp8 = (a_f8, b_f8, scale) their fp8_mm; then, without
-    post: relu(s)^2; with post (rows, n), the forward's relu(pre)^2: 2 sqrt(post) s, the grad of pre. The GPU
-    kernel (given a tile) rounds s to bf16 first, as cuBLAS writes it, and squares or multiplies in fp32; its
-    tensor descriptors need rows of a multiple of 16 bytes."""
+    post: relu(s)^2; with post (rows, n), the forward's relu(pre)^2: 2 sqrt(post) s, the grad of pre. With
+    act_scale (the FP8 forward for --fp8_down) returns (relu(s)^2, its fp8_post copy, its largest value (1,)
+    fp32). The GPU kernel (given a tile) rounds s to bf16 first, as cuBLAS writes it, and squares or multiplies
+    in fp32; its tensor descriptors need rows of a multiple of 16 bytes."""
     if tile and on_gpu(a) and a.dtype == torch.bfloat16 and a.size(1) % (8 if fp8 is None else 16) == 0 \
-            and b.size(0) % 8 == 0:
-        return _relu_square_mm_cuda(a.contiguous(), b.contiguous(), post, tile, fp8)
+            and b.size(0) % (8 if act_scale is None else 16) == 0:
+        return _relu_square_mm_cuda(a.contiguous(), b.contiguous(), post, tile, fp8, act_scale)
     s = mm(a, b.mT) if fp8 is None else fp8_mm(*fp8)
     f = torch.promote_types(s.dtype, torch.float32)  # bf16's in fp32, float64's in float64
-    if post is None:
-        return F.relu(s.to(f)).square().to(s.dtype)
-    return (2 * post.to(f).sqrt() * s.to(f)).to(s.dtype)
+    if post is not None:
+        return (2 * post.to(f).sqrt() * s.to(f)).to(s.dtype)
+    post = F.relu(s.to(f)).square().to(s.dtype)
+    if act_scale is None:
+        return post
+    return post, fp8_post(post, act_scale), post.amax().float().reshape(1)
 
 
 @functools.cache
@@ -4308,7 +4436,7 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _relu_square_mm_cuda(a: Tensor, b: Tensor, post, tile, fp8: tuple = None):
+def _relu_square_mm_cuda(a: Tensor, b: Tensor, post, tile, fp8: tuple = None, act_scale: Tensor = None):
     (M, K), N = a.shape, b.size(0)
     bm, bn, bk, warps, stages, split, ws, per_sm = tile
     out = a.new_empty(M, N)
@@ -4319,10 +4447,14 @@ def _relu_square_mm_cuda(a: Tensor, b: Tensor, post, tile, fp8: tuple = None):
     a_desc, b_desc, out_desc = (TensorDescriptor.from_tensor(t, block) for t, block in
                                 ((a, [bm, bk]), (b, [bn, bk]), (out, [bm, bn // split])))
     post_desc = None if post is None else TensorDescriptor.from_tensor(post.contiguous(), [bm, bn // split])
-    _relu_square_mm_kernel[(programs,)](a_desc, b_desc, out_desc, post_desc, scale, M, N, K, PROGRAMS=programs,
-                                        BM=bm, BN=bn, BK=bk, SPLIT=split, WS=bool(ws), num_warps=warps,
-                                        num_stages=stages)
-    return out
+    post_f8 = top = f8_desc = None
+    if act_scale is not None:  # post's e4m3 copy beside it, and its largest value (atomic max of non-negatives)
+        post_f8, top = out.new_empty(M, N, dtype=torch.float8_e4m3fn), out.new_zeros(1, dtype=torch.float32)
+        f8_desc = TensorDescriptor.from_tensor(post_f8, [bm, bn // split])
+    _relu_square_mm_kernel[(programs,)](a_desc, b_desc, out_desc, post_desc, scale, f8_desc, act_scale, top, M, N,
+                                        K, PROGRAMS=programs, BM=bm, BN=bn, BK=bk, SPLIT=split, WS=bool(ws),
+                                        num_warps=warps, num_stages=stages)
+    return out if act_scale is None else (out, post_f8, top)
 
 
 # QK-norm and RoPE of q and k (norm, then rotary) as one op on GPU, a hand-written kernel each way: twice as fast
@@ -4483,12 +4615,14 @@ def rehearse_kernels(trainer: "Trainer"):
             qk_norm_rotary_backward(qk, q, k, rot.cos, rot.sin, rot.scale, paired)
         if settings.mlp_tiles:
             tiles, x, w = settings.mlp_launch(), zeros(B, T, dim), zeros(4 * dim, dim)
-            _, post = relu_square_mlp(x, w, w, tiles)
+            _, post, _ = relu_square_mlp(x, w, w, tiles)
             relu_square_grad(x.view(-1, dim), w, post, tiles[len(MLP_TILE):])  # as the op's backward reads them
             if cfg.fp8_mlp:  # the training's forward; validation's is the bf16 one above
                 f8 = partial(torch.zeros, device=device, dtype=torch.float8_e4m3fn)
-                relu_square_mlp(x, w, w, settings.mlp_launch(fp8=True), f8(B * T, dim), f8(4 * dim, dim),
-                                torch.ones((), device=device))
+                one = torch.ones(1, device=device)
+                down = (f8(dim, 4 * dim), one, one) if model.fp8_down_scales is not None else ()
+                relu_square_mlp(x, w, w, settings.mlp_launch(fp8=True, down=bool(down)), f8(B * T, dim),
+                                f8(4 * dim, dim), one, *down)
         if model.fp8_head:  # one sequence: the CE kernel's launches are a sequence's at any B, and a pass's grads
             # (6.6 GB at four 16K sequences) beside the first step raised the peak (records/2026-12-06_peak-h100)
             x, w = zeros(T, dim), zeros(V, dim)
@@ -4599,15 +4733,20 @@ if triton is not None:
             tl.store(g_ptr + rows[:, None] * V + cols[None, :], g, mask=inside)
 
     @triton.jit
-    def _relu_square_mm_kernel(a_desc, b_desc, c_desc, post_desc, scale_ptr, M, N, K, PROGRAMS: tl.constexpr,
-                               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
-                               WS: tl.constexpr):
+    def _relu_square_mm_kernel(a_desc, b_desc, c_desc, post_desc, scale_ptr, f8_desc, act_scale_ptr, top_ptr, M, N,
+                               K, PROGRAMS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                               SPLIT: tl.constexpr, WS: tl.constexpr):
         """Persistent: program p makes output tiles p, p + PROGRAMS, ... (row-major over the tile grid, so the
         programs at work share b's tiles in L2) of s = a @ b.T, a (M, K) and b (N, K) through tensor
         descriptors (bf16, or e4m3 with the sums times the fp32 at scale_ptr), and stores each in SPLIT (1, 2
         or 4) blocks of columns (less registers and staging memory at once): c = relu(s)^2 without post_desc
-        (forward), else c = 2 sqrt(post) s."""
+        (forward), else c = 2 sqrt(post) s. With f8_desc (forward) also c's e4m3 copy, min(c / act scale,
+        448), and c's largest value atomically maxed into top_ptr's fp32 (c >= 0: max is order-free)."""
         tiles_n = tl.cdiv(N, BN)
+        inv = 0.0
+        if f8_desc is not None:
+            inv = tl.div_rn(1.0, tl.load(act_scale_ptr))  # rounded as torch's reciprocal (fp8_post)
+        top = 0.0
         for tile in tl.range(tl.program_id(0), tl.cdiv(M, BM) * tiles_n, PROGRAMS, flatten=True, warp_specialize=WS):
             row, col = (tile // tiles_n) * BM, (tile % tiles_n) * BN
             acc = tl.zeros((BM, BN), dtype=tl.float32)
@@ -4616,29 +4755,44 @@ if triton is not None:
             if scale_ptr is not None:
                 acc = acc * tl.load(scale_ptr)
             if SPLIT == 1:
-                _relu_square_epilogue(acc, c_desc, post_desc, row, col)
+                top = tl.maximum(top, _relu_square_epilogue(acc, c_desc, post_desc, f8_desc, inv, row, col))
             else:
                 left, right = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
                 if SPLIT == 2:
-                    _relu_square_epilogue(left, c_desc, post_desc, row, col)
-                    _relu_square_epilogue(right, c_desc, post_desc, row, col + BN // 2)
+                    top = tl.maximum(top, _relu_square_epilogue(left, c_desc, post_desc, f8_desc, inv, row, col))
+                    top = tl.maximum(top, _relu_square_epilogue(right, c_desc, post_desc, f8_desc, inv, row,
+                                                                 col + BN // 2))
                 else:
                     q0, q1 = tl.split(tl.permute(tl.reshape(left, (BM, 2, BN // 4)), (0, 2, 1)))
                     q2, q3 = tl.split(tl.permute(tl.reshape(right, (BM, 2, BN // 4)), (0, 2, 1)))
-                    _relu_square_epilogue(q0, c_desc, post_desc, row, col)
-                    _relu_square_epilogue(q1, c_desc, post_desc, row, col + BN // 4)
-                    _relu_square_epilogue(q2, c_desc, post_desc, row, col + BN // 2)
-                    _relu_square_epilogue(q3, c_desc, post_desc, row, col + 3 * BN // 4)
+                    top = tl.maximum(top, _relu_square_epilogue(q0, c_desc, post_desc, f8_desc, inv, row, col))
+                    top = tl.maximum(top, _relu_square_epilogue(q1, c_desc, post_desc, f8_desc, inv, row,
+                                                                 col + BN // 4))
+                    top = tl.maximum(top, _relu_square_epilogue(q2, c_desc, post_desc, f8_desc, inv, row,
+                                                                 col + BN // 2))
+                    top = tl.maximum(top, _relu_square_epilogue(q3, c_desc, post_desc, f8_desc, inv, row,
+                                                                 col + 3 * BN // 4))
+        if f8_desc is not None:
+            tl.atomic_max(top_ptr, top)
 
     @triton.jit
-    def _relu_square_epilogue(acc, c_desc, post_desc, row, col):
+    def _relu_square_epilogue(acc, c_desc, post_desc, f8_desc, inv, row, col):
+        """Stores a column block of the tile (see _relu_square_mm_kernel); returns its largest c with f8_desc,
+        else 0."""
         s = acc.to(tl.bfloat16).to(tl.float32)  # what a bf16 GEMM writes
         if post_desc is None:
             r = tl.maximum(s, 0.0)
             c = r * r
         else:  # Triton's fast square root: its error is far inside bf16's rounding
             c = 2.0 * tl.sqrt(post_desc.load([row, col]).to(tl.float32)) * s
-        c_desc.store([row, col], c.to(tl.bfloat16))
+        c = c.to(tl.bfloat16)
+        c_desc.store([row, col], c)
+        top = 0.0
+        if f8_desc is not None:  # from c as stored, as fp8_post makes it from post
+            c = c.to(tl.float32)
+            f8_desc.store([row, col], tl.minimum(c * inv, 448.0).to(tl.float8e4nv))
+            top = tl.max(tl.max(c, axis=1), axis=0)
+        return top
 
     @triton.jit
     def _transpose_bytes_kernel(src_ptr, dst_ptr, R, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):

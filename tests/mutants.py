@@ -99,6 +99,23 @@ MUTANTS = {
     "FP8 MLP product not scaled by the input's amax": ("train_gpt.py", [
         ("torch.float8_e4m3fn), w_scale * amax / E4M3_MAX", "torch.float8_e4m3fn), w_scale * 1.0")],
         ["tests/test_training.py::test_fp8_mlp_is_the_records_fp8_product_with_bf16_grads"]),
+    # the down projection in FP8 (2026-07-17_FP8DownProjection)
+    "FP8 down: activation headroom 1.25 (the record kernel's default argument)": ("train_gpt.py", [
+        ("FP8_DOWN_ACT_HEADROOM = 1.8", "FP8_DOWN_ACT_HEADROOM = 1.25")], ["tests/test_training.py::test_fp8_down_scales_follow_the_records_schedule"]),
+    "FP8 down: the last pass's largest activation, not the step's": ("train_gpt.py", [
+        ("down[3].copy_(torch.maximum(down[3], top))", "down[3].copy_(top)")], ["tests/test_training.py::test_fp8_down_scales_follow_the_records_schedule", "tests/test_training.py::test_fp8_down_is_the_records_fp8_product_with_bf16_grads"]),
+    "FP8 down: delayed weight scales from the first step": ("train_gpt.py", [
+        ("exact=step < FP8_DOWN_EXACT_STEPS)", "exact=False)")], ["tests/test_training.py::test_fp8_down_scales_follow_the_records_schedule"]),
+    "FP8 down: weight headroom 1": ("train_gpt.py", [
+        ("FP8_DOWN_WEIGHT_HEADROOM = 1.12", "FP8_DOWN_WEIGHT_HEADROOM = 1.0")], ["tests/test_training.py::test_fp8_down_scales_follow_the_records_schedule"]),
+    "FP8 down: the weights' copy not remade after a step": ("train_gpt.py", [
+        ("            held.copy_(fp8_down_weight(self.copies[i], scale))\n", "")], ["tests/test_training.py::test_fp8_down_scales_follow_the_records_schedule"]),
+    "FP8 down: post not divided by its scale": ("train_gpt.py", [
+        ("(post.float() * act_scale.reciprocal())", "post.float()")], ["tests/test_training.py::test_fp8_down_is_the_records_fp8_product_with_bf16_grads"]),
+    "FP8 down: the scales not in checkpoints": ("train_gpt.py", [
+        ('self.register_buffer("fp8_down_scales", torch.ones(L, 4) if fp8_down else None)',
+         'self.register_buffer("fp8_down_scales", torch.ones(L, 4) if fp8_down else None, persistent=False)')],
+        ["tests/test_trust.py::test_fp8_down_scales_resume_bitwise"]),
     "FP8 MLP in eval too": ("train_gpt.py", [
         ("        if self.training and self.fc_fp8 is not None", "        if self.fc_fp8 is not None")],
         ["tests/test_training.py::test_fp8_mlp_is_the_records_fp8_product_with_bf16_grads"]),
@@ -152,10 +169,10 @@ MUTANTS = {
         ("    return (2 * post.to(f).sqrt() * s.to(f)).to(s.dtype)", "    return (2 * post.to(f) * s.to(f)).to(s.dtype)")],
         ["tests/test_training.py::test_relu_square_mlp_op_has_the_rules_grads"]),
     "fused MLP's backward: proj's grad from pre's grad, not post": ("train_gpt.py", [
-        ("mm(dpre.mT, x2), mm(post.mT, g2), None", "mm(dpre.mT, x2), mm(dpre.mT, g2), None")],
+        ("mm(dpre.mT, x2), mm(post.mT, g2), *[None]", "mm(dpre.mT, x2), mm(dpre.mT, g2), *[None]")],
         ["tests/test_training.py::test_relu_square_mlp_op_has_the_rules_grads"]),
     "fused MLP's forward: post is relu(pre), not squared": ("train_gpt.py", [
-        ("        return F.relu(s.to(f)).square().to(s.dtype)", "        return F.relu(s.to(f)).to(s.dtype)")],
+        ("    post = F.relu(s.to(f)).square().to(s.dtype)", "    post = F.relu(s.to(f)).to(s.dtype)")],
         ["tests/test_training.py::test_relu_square_mlp_op_has_the_rules_grads"]),
     "fused MLP's backward: two programs per multiprocessor that do not both fit": ("train_gpt.py", [
         ("(128, 128, 64, 8, 3, 4, 0, 2), (", "(128, 128, 64, 8, 3, 2, 0, 2), (")],

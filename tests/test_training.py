@@ -895,7 +895,7 @@ def test_relu_square_mlp_op_has_the_rules_grads():
     x, fc_w, proj_w = (torch.randn(*shape, generator=gen, dtype=torch.float64, requires_grad=True)
                        for shape in ((3, 5, 16), (64, 16), (64, 16)))
     g = torch.randn(3, 5, 16, generator=gen, dtype=torch.float64)
-    out, post = tg.relu_square_mlp(x, fc_w, proj_w, [*tg.MLP_HOPPER_TILES[0], *tg.MLP_HOPPER_TILES[1]])
+    out, post, _ = tg.relu_square_mlp(x, fc_w, proj_w, [*tg.MLP_HOPPER_TILES[0], *tg.MLP_HOPPER_TILES[1]])
     got = torch.autograd.grad(out, (x, fc_w, proj_w), g)
     want_out = relu_square_rule(x, fc_w, proj_w)
     want = torch.autograd.grad(want_out, (x, fc_w, proj_w), g)
@@ -951,7 +951,7 @@ def test_fp8_mlp_is_the_records_fp8_product_with_bf16_grads():
     for name, a, b in zip(("dx", "dfc", "dproj"), got, want_grads(g)):
         assert rel_err(a, b) < 1e-2, name
     x8, scale = tg.fp8_input(x, mlp.fc_fp8[1])
-    _, post = tg.relu_square_mlp(x, fc_w, proj_w, [], x8.view(-1, 128), mlp.fc_fp8[0], scale)
+    _, post, _ = tg.relu_square_mlp(x, fc_w, proj_w, [], x8.view(-1, 128), mlp.fc_fp8[0], scale)
     assert rel_err(post, want_post) < 4e-3
     mlp.eval()
     bf16 = mlp(x)
@@ -988,12 +988,106 @@ def test_fp8_mlp_weights_follow_each_optimizer_step(sample_shards, tmp_path):
     assert max(abs(a - b) for a, b in zip(fp8_losses, bf16_losses)) < 0.05, (fp8_losses, bf16_losses)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_fp8_relu_square_kernel_matches_the_reference():
-    """The fused kernel's FP8 forward at the training shape (16,384 tokens, dim 768) against fp8_mlp_reference
-    and against the torch path of the same op (torch._scaled_mm, then ReLU^2): post as close to the torch
-    path's as bf16's rounding (both sum in Hopper's fast FP8 accumulation, in their own orders), output and
-    grads as close to the reference as bf16 rounding allows."""
+def fp8_down_reference(post, proj_w, act_scale: float, w_scale: float):
+    """The record's FP8 down projection (2026-07-17_FP8DownProjection) in float64 from post (bf16 values) and
+    proj_w (4 dim, dim): post times the fp32 reciprocal of the activation's scale, capped at 448, in e4m3; the
+    weights divided by their scale in fp32, clipped to +-448, in e4m3; their product times both scales, rounded
+    to bf16."""
+    inv = torch.tensor(1 / torch.tensor(act_scale, dtype=torch.float32).item(), dtype=torch.float32).item()
+    p8 = (post.double() * inv).float().clamp(max=448).to(E4M3).double()
+    w8 = (proj_w.detach().double() / w_scale).float().clamp(-448, 448).to(E4M3).double()
+    return (p8 @ w8 * act_scale * w_scale).bfloat16().double()
+
+
+def test_fp8_down_is_the_records_fp8_product_with_bf16_grads():
+    """The MLP while training with --fp8_mlp and --fp8_down (both e4m3 copies and the scales set): its output
+    within bf16's rounding of fp8_down_reference (0.1% here) of the up projection's post, where the bf16 down
+    projection is 2.6% from it; the grads those of the bf16 down projection (as the FP8 up projection's test
+    has them); the layer's step maximum raised to post's largest value and never lowered."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 64, 128, generator=gen).bfloat16().requires_grad_()
+    fc_w, proj_w = ((torch.randn(512, 128, generator=gen) * 0.05).bfloat16().requires_grad_() for _ in range(2))
+    g = torch.randn(2, 64, 128, generator=gen).bfloat16()
+    act, w_scale = 0.9 / 448, proj_w.detach().abs().max().item() * 1.12 / 448  # post reaches about 1.3: some cap
+    scales, top = torch.tensor([act, w_scale, 0.0]), torch.tensor([0.5])
+    mlp = tg.MLP(128)
+    mlp.copies = {"fc_w": fc_w, "proj_w": proj_w}
+    mlp.fc_fp8 = tg.fp8_weight(fc_w)
+    mlp.down_fp8 = (tg.fp8_down_weight(proj_w, scales[1:2]).contiguous(), scales[0:1], scales[1:2], top)
+    _, post, grads = fp8_mlp_reference(x, fc_w, proj_w)
+    want = fp8_down_reference(post, proj_w, scales[0].item(), scales[1].item()).reshape(x.shape)
+    assert (post * 448 / act > 448).any()  # the cap is met
+    out = mlp(x)
+    assert rel_err(out, want) < 2e-3
+    assert top.item() == post.max().item()
+    for name, a, b in zip(("dx", "dfc", "dproj"), torch.autograd.grad(out, (x, fc_w, proj_w), g), grads(g)):
+        assert rel_err(a, b) < 1e-2, name
+    mlp.down_fp8 = (*mlp.down_fp8[:3], torch.tensor([1e6]))
+    mlp(x)
+    assert mlp.down_fp8[3].item() == 1e6
+    up_only = (post @ proj_w.detach().double()).reshape(x.shape)
+    assert rel_err(up_only, want) > 0.01  # FP8's rounding is what the reference holds
+
+
+def test_fp8_down_goes_with_the_fp8_up_projection(sample_shards, tmp_path):
+    """--fp8_down applies with --fp8_mlp only: without it the run's config says fp8_down false and the model
+    holds no FP8 down state; with it the MLPs hold their e4m3 copies and views of the scales."""
+    off = tg.build(tg.parse_args(tiny_args(sample_shards, tmp_path, "--run_id", "off")))  # TINY: --fp8_mlp 0
+    assert not off.cfg.fp8_down and off.model.fp8_down_scales is None
+    assert all(b.mlp.down_fp8 is None for b in off.model.blocks)
+    tg.release_lock(off.lock)
+    on = tg.build(tg.parse_args(tiny_args(sample_shards, tmp_path, "--run_id", "on", "--fp8_mlp", "1")))
+    assert on.cfg.fp8_down and on.model.fp8_down_scales.shape == (4, 4)
+    assert all(b.mlp.down_fp8[0].dtype == E4M3 and b.mlp.down_fp8[0].shape == (64, 256) for b in on.model.blocks)
+    tg.release_lock(on.lock)
+
+
+def test_fp8_down_scales_follow_the_records_schedule(sample_shards, tmp_path, monkeypatch):
+    """With --fp8_mlp (and --fp8_down, on by default) over 18 steps of 2 and 4 sequences in passes of 1: each
+    layer's activation scale after a step is 1.8 x the largest ReLU^2 output of the step's passes / 448 (post
+    recomputed from each pass's MLP input by fp8_mlp_reference), 1 before the first; the weights' e4m3 copy is
+    proj_w / scale, scale its largest magnitude / 448 (in bf16) at init and after each of the first 16 steps,
+    then 1.12 x its largest before the last step / 448."""
+    trainer = tg.build(tg.parse_args(tiny_args(sample_shards, tmp_path, "--fp8_mlp", "1", "--num_steps", "20",
+                                               "--micro_batch", "1", "--run_id", "r")))
+    model = trainer.model
+    mlps = [b.mlp for b in model.blocks]
+    seen = collections.defaultdict(list)
+    for i, m in enumerate(mlps):
+        m.register_forward_pre_hook(lambda mod, args, i=i: seen[i].append(args[0].detach()))
+    assert torch.equal(model.fp8_down_scales[:, 0], torch.ones(len(mlps)))
+    assert all(m.down_fp8[1].data_ptr() % 16 == 0 for m in mlps)  # the kernel's one specialization
+
+    def exact(w):  # the weights' largest magnitude (1e-12 at least, both in bf16) / 448, rounded to bf16
+        least = torch.tensor(1e-12).bfloat16().item()
+        return torch.tensor(max(w.detach().bfloat16().abs().max().item(), least) / 448).bfloat16().float().item()
+
+    before = None
+    for step in range(18):
+        seen.clear()
+        model.weight_copies.sync()
+        for m in mlps:  # the copy the step trains with, at the scale it was made with
+            w = m.proj_w.detach().bfloat16()
+            scale = m.down_fp8[2].item()
+            assert scale == (exact(w) if step <= 16 else before[m]), step
+            want = (w.double() / scale).float().clamp(-448, 448).to(E4M3).T
+            assert (m.down_fp8[0].view(torch.uint8) != want.view(torch.uint8)).float().mean() < 1e-3, step
+        headroom = torch.tensor(1.12 / 448, dtype=torch.float32).item()
+        before = {m: torch.tensor(m.proj_w.detach().bfloat16().abs().max().item() * headroom).float().item()
+                  for m in mlps}
+        fc = [m.copies["fc_w"].detach().clone() for m in mlps]  # what the step's passes multiply by
+        tg.train_step(trainer, step)
+        assert len(seen[0]) == tg.batch_seqs_at(step, trainer.cfg)  # one pass a sequence
+        for i, m in enumerate(mlps):
+            top = max(fp8_mlp_reference(x, fc[i], m.proj_w)[1].max().item() for x in seen[i])
+            got = model.fp8_down_scales[i, 0].item() * 448 / 1.8
+            assert abs(got - top) <= 0.03 * top, (step, i, got, top)  # a few of bf16's ulps of pre
+    tg.release_lock(trainer.lock)
+
+
+def fp8_mlp_case():
+    """An MLP pass at the training shape (16,384 tokens, dim 768) on the GPU, seeded: x, fc_w, proj_w, the
+    output's grad g, fc_w's e4m3 copy, x's (tokens, dim) and the FP8 product's scale."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(2, 8192, 768, device="cuda", generator=gen).bfloat16().requires_grad_()
     fc_w, proj_w = ((torch.randn(3072, 768, device="cuda", generator=gen) * 0.02).bfloat16().requires_grad_()
@@ -1001,9 +1095,19 @@ def test_cuda_fp8_relu_square_kernel_matches_the_reference():
     g = torch.randn(2, 8192, 768, device="cuda", generator=gen).bfloat16()
     w8, s_w = tg.fp8_weight(fc_w)
     x8, scale = tg.fp8_input(x, s_w)
+    return x, fc_w, proj_w, g, w8, x8.view(-1, 768), scale
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_fp8_relu_square_kernel_matches_the_reference():
+    """The fused kernel's FP8 forward at the training shape (16,384 tokens, dim 768) against fp8_mlp_reference
+    and against the torch path of the same op (torch._scaled_mm, then ReLU^2): post as close to the torch
+    path's as bf16's rounding (both sum in Hopper's fast FP8 accumulation, in their own orders), output and
+    grads as close to the reference as bf16 rounding allows."""
+    x, fc_w, proj_w, g, w8, x8, scale = fp8_mlp_case()
     tiles = [*tg.MLP_HOPPER_TILES[2], *tg.MLP_HOPPER_TILES[1]]
-    out, post = tg.relu_square_mlp(x, fc_w, proj_w, tiles, x8.view(-1, 768), w8, scale)
-    _, torch_post = tg.relu_square_mlp(x, fc_w, proj_w, [], x8.view(-1, 768), w8, scale)
+    out, post, _ = tg.relu_square_mlp(x, fc_w, proj_w, tiles, x8, w8, scale)
+    _, torch_post, _ = tg.relu_square_mlp(x, fc_w, proj_w, [], x8, w8, scale)
     want, want_post, want_grads = fp8_mlp_reference(x, fc_w, proj_w)
     errs = {"post vs torch": rel_err(post, torch_post.double()), "torch post": rel_err(torch_post, want_post),
             "post": rel_err(post, want_post), "out": rel_err(out, want),
@@ -1016,6 +1120,33 @@ def test_cuda_fp8_relu_square_kernel_matches_the_reference():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_fp8_down_kernel_matches_the_reference():
+    """The fused kernel's FP8 forward that also writes post's e4m3 copy and its largest value (--fp8_down), at
+    the training shape, against fp8_down_reference of the reference's post and against the op's torch path
+    (fp8_post, torch._scaled_mm): output within bf16's rounding of both, post's largest value exactly the
+    kernel's own post's, the grads as the bf16 down projection's."""
+    x, fc_w, proj_w, g, w8, x8, scale = fp8_mlp_case()
+    _, want_post, want_grads = fp8_mlp_reference(x, fc_w, proj_w)
+    # views of one buffer's row, as GPT.fp8_down_scales hands them out; some of post at the cap
+    scales = torch.tensor([[want_post.max().item() * 0.9 / 448, proj_w.abs().max().item() * 1.12 / 448, 0.0]],
+                          device="cuda")
+    act, w_scale = scales[0, 0:1], scales[0, 1:2]
+    down = (tg.fp8_down_weight(proj_w, w_scale).contiguous(), act, w_scale)
+    tiles = [*tg.MLP_HOPPER_TILES[3], *tg.MLP_HOPPER_TILES[1]]
+    out, post, top = tg.relu_square_mlp(x, fc_w, proj_w, tiles, x8, w8, scale, *down)
+    torch_out, _, torch_top = tg.relu_square_mlp(x, fc_w, proj_w, [], x8, w8, scale, *down)
+    want = fp8_down_reference(want_post, proj_w, act.item(), w_scale.item()).reshape(x.shape)
+    errs = {"out": rel_err(out, want), "out vs torch": rel_err(out, torch_out.double()),
+            "top vs torch": abs(top.item() / torch_top.item() - 1)}
+    errs.update({name: rel_err(a, b) for name, a, b in
+                 zip(("dx", "dfc", "dproj"), torch.autograd.grad(out, (x, fc_w, proj_w), g), want_grads(g))})
+    print(errs)
+    assert top.item() == post.float().max().item()
+    assert errs["out vs torch"] < 5e-3 and errs["top vs torch"] < 1e-2, errs
+    assert all(errs[k] < 1e-2 for k in ("out", "dx", "dfc", "dproj")), errs
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_relu_square_mlp_matches_float64():
     """The fused ReLU^2 matmul kernels at the training shape (16,384 tokens, dim 768) against float64 autograd
     of the definition: output and grads as close as the cuBLAS path's (bf16: 4e-3 relative on an H100); post
@@ -1025,7 +1156,7 @@ def test_cuda_relu_square_mlp_matches_float64():
     fc_w = (torch.randn(3072, 768, device="cuda", generator=gen) * 0.02).bfloat16().requires_grad_()
     proj_w = (torch.randn(3072, 768, device="cuda", generator=gen) * 0.02).bfloat16().requires_grad_()
     g = torch.randn(2, 8192, 768, device="cuda", generator=gen).bfloat16()
-    out, post = tg.relu_square_mlp(x, fc_w, proj_w, [*tg.MLP_HOPPER_TILES[0], *tg.MLP_HOPPER_TILES[1]])
+    out, post, _ = tg.relu_square_mlp(x, fc_w, proj_w, [*tg.MLP_HOPPER_TILES[0], *tg.MLP_HOPPER_TILES[1]])
     fused = (out, *torch.autograd.grad(out, (x, fc_w, proj_w), g))
     cublas_pre = x.detach().reshape(-1, 768) @ fc_w.detach().T
     assert (post == torch.relu(cublas_pre.float()).square().bfloat16()).float().mean().item() > 0.99
@@ -1044,14 +1175,14 @@ HOPPER_SMEM_PER_BLOCK = 227 * 1024  # the most one program may take (Triton: "Ha
 SMEM_RESERVED_PER_BLOCK = 1024      # what the driver keeps back for each resident program
 
 
-def relu_square_kernel_smem(tile, backward: bool, operand_bytes: int = 2) -> int:
+def relu_square_kernel_smem(tile, backward: bool, operand_bytes: int = 2, down: bool = False) -> int:
     """Bytes of shared memory one program of _relu_square_mm_kernel asks for, by how Triton lays it out: each
     pipeline stage's a and b tiles (bf16, or e4m3 in the FP8 forward: operand_bytes), the output's staging
-    block and, in the backward, post's (one bf16 column block each, of the tile's store_split), and an 8-byte
-    barrier per stage plus 16."""
+    block and, in the backward, post's (one bf16 column block each, of the tile's store_split), with down
+    post's e4m3 copy's (half a block), and an 8-byte barrier per stage plus 16."""
     bm, bn, bk, _, stages, split, _, _ = tile
     block = bm * (bn // split) * 2
-    return stages * ((bm + bn) * bk * operand_bytes + 8) + block * (2 if backward else 1) + 16
+    return stages * ((bm + bn) * bk * operand_bytes + 8) + block * (2 if backward else 1.5 if down else 1) + 16
 
 
 def test_mlp_hopper_tiles_fit_the_shared_memory():
@@ -1063,10 +1194,12 @@ def test_mlp_hopper_tiles_fit_the_shared_memory():
     assert relu_square_kernel_smem((128, 256, 64, 8, 4, 2, 0, 1), backward=True) == 262192
     assert relu_square_kernel_smem((256, 128, 64, 8, 4, 2, 0, 1), backward=True) == 262192
     assert relu_square_kernel_smem((128, 128, 128, 8, 3, 1, 0, 1), backward=True) == 262184
-    assert len(tg.MLP_HOPPER_TILES) == 3  # forward, backward, FP8 forward
-    for tile, backward, operand_bytes in zip(tg.MLP_HOPPER_TILES, (False, True, False), (2, 2, 1)):
+    assert len(tg.MLP_HOPPER_TILES) == 4  # forward, backward, FP8 forward, and with post's e4m3 copy
+    assert relu_square_kernel_smem(tg.MLP_HOPPER_TILES[2], False, 1, down=True) > HOPPER_SMEM_PER_BLOCK  # 4 stages
+    for tile, backward, operand_bytes, down in zip(tg.MLP_HOPPER_TILES, (False, True, False, False), (2, 2, 1, 1),
+                                                   (False, False, False, True)):
         assert len(tile) == len(tg.MLP_TILE), tile
-        smem, per_sm = relu_square_kernel_smem(tile, backward, operand_bytes), tile[-1]
+        smem, per_sm = relu_square_kernel_smem(tile, backward, operand_bytes, down), tile[-1]
         assert smem <= HOPPER_SMEM_PER_BLOCK, (tile, smem)
         assert per_sm * (smem + SMEM_RESERVED_PER_BLOCK) <= HOPPER_SMEM_PER_SM, (tile, smem, per_sm)
 

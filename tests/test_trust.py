@@ -68,6 +68,24 @@ def test_resume_appends_to_its_log_and_continues_bitwise(sample_shards, run6, tm
     assert [(s, round(v, 4)) for s, v in end_b["vals"]] == [(s, v) for s, v, _ in run.val]
 
 
+def test_fp8_down_scales_resume_bitwise(sample_shards, tmp_path, monkeypatch):
+    """--fp8_down's delayed scales are state: a run paused at step 3 and resumed (warm-up steps on resume, too)
+    ends as the uninterrupted run, loss for loss and scale for scale, with the weights' scales delayed from step
+    1 on (FP8_DOWN_EXACT_STEPS made 1) so that both kinds of scale carry over."""
+    monkeypatch.setattr(tg, "FP8_DOWN_EXACT_STEPS", 1)
+    fp8 = ("--fp8_mlp", "1", "--num_steps", "6", "--val_every", "3")
+    full = tiny_run(sample_shards, tmp_path / "full", *fp8, "--save_every", "6", "--run_id", "f")
+    tg.main(tiny_args(sample_shards, tmp_path / "paused", *fp8, "--stop_at", "3", "--run_id", "p"))
+    tg.main(["--resume", str(tmp_path / "paused" / "p_step000003.pt"), "--warmup_steps", "2", "--save_every", "6"])
+    assert losses((tmp_path / "paused" / "p.txt").read_text()) == losses(full)
+    end_a = torch.load(tmp_path / "full" / "f_step000006.pt", weights_only=True)["model"]
+    end_b = torch.load(tmp_path / "paused" / "p_step000006.pt", weights_only=True)["model"]
+    assert end_a.keys() == end_b.keys() and "fp8_down_scales" in end_a
+    assert (end_a["fp8_down_scales"][:, 1] != end_a["fp8_down_scales"][:, 2]).all()  # delayed: the last step moved
+    for name, p in end_a.items():
+        assert torch.equal(p, end_b[name]), name
+
+
 @pytest.mark.parametrize("change,says", [
     (["--num_steps", "8"], "num_steps: 6 in the checkpoint, 8 now. A resume keeps its run's settings: leave out "
                            "--num_steps (only"),
