@@ -112,6 +112,9 @@ MUTANTS = {
         ("            held.copy_(fp8_down_weight(self.copies[i], scale))\n", "")], ["tests/test_training.py::test_fp8_down_scales_follow_the_records_schedule"]),
     "FP8 down: post not divided by its scale": ("train_gpt.py", [
         ("(post.float() * act_scale.reciprocal())", "post.float()")], ["tests/test_training.py::test_fp8_down_is_the_records_fp8_product_with_bf16_grads"]),
+    "FP8 down: each rank its own activation scale": ("train_gpt.py", [
+        ("    comm.all_max(amax)\n", "")],
+        ["tests/test_training.py::test_fp8_down_activation_scales_are_the_largest_over_the_ranks"]),
     "FP8 down: the scales not in checkpoints": ("train_gpt.py", [
         ('self.register_buffer("fp8_down_scales", torch.ones(L, 4) if fp8_down else None)',
          'self.register_buffer("fp8_down_scales", torch.ones(L, 4) if fp8_down else None, persistent=False)')],

@@ -1029,6 +1029,32 @@ def test_fp8_down_is_the_records_fp8_product_with_bf16_grads():
     assert rel_err(up_only, want) > 0.01  # FP8's rounding is what the reference holds
 
 
+def fp8_down_act_scales_on_rank(rank: int, store: str, top: list) -> tuple:
+    """fp8_down_act_scales in rank `rank` of a gloo world of 2 (a process of its own), from this rank's largest
+    activations top: (the scales it sets, the amax it leaves)."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        scales, amax = torch.ones(len(top), 4), torch.tensor(top)
+        tg.fp8_down_act_scales(scales, amax, tg.Comm(rank, 2))
+        return scales[:, 0].tolist(), amax.tolist()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fp8_down_activation_scales_are_the_largest_over_the_ranks(tmp_path):
+    """Two gloo processes, each with its own step's largest ReLU^2 outputs per layer, set the same activation
+    scales, 1.8 x the larger of the two per layer / 448 (fp32), and start the next step's at 0: a step's
+    scale does not depend on how its sequences are split over GPUs."""
+    tops = ([1.0, 5.0, 2.0], [3.0, 4.0, 0.0])
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        got = [f.result(timeout=120) for f in [pool.submit(fp8_down_act_scales_on_rank, r, str(tmp_path / "store"),
+                                                           tops[r]) for r in range(2)]]
+    headroom = torch.tensor(1.8 / 448, dtype=torch.float32).item()
+    want = [torch.tensor(max(a, b) * headroom, dtype=torch.float32).item() for a, b in zip(*tops)]
+    assert got == [(want, [0.0, 0.0, 0.0])] * 2
+
+
 def test_fp8_down_goes_with_the_fp8_up_projection(sample_shards, tmp_path):
     """--fp8_down applies with --fp8_mlp only: without it the run's config says fp8_down false and the model
     holds no FP8 down state; with it the MLPs hold their e4m3 copies and views of the scales."""
