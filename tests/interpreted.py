@@ -1,6 +1,7 @@
-"""Run the fp32 Triton kernels (the optimizer's cautious_step_fused, the fp32 sums' add_into_fp32 and
-add_rows_into_fp32) on CPU in Triton's interpreter, where no GPU is at hand: needs triton installed (PyTorch's
-CPU wheels do not bring it). Not run by pytest: the interpreter is slow. Three checks:
+"""Run the Triton kernels (the optimizer's cautious_step_fused, the fp32 sums' add_into_fp32 and
+add_rows_into_fp32, DC's, the cross-entropy's, the fused ReLU^2 matmul's FP8 forward) on CPU in Triton's
+interpreter, where no GPU is at hand: needs triton installed (PyTorch's CPU wheels do not bring it) and numpy<2
+(the interpreter's scalars). Not run by pytest: the interpreter is slow. Five checks:
 
 1. the fused optimizer step's cases (tests/test_training.py::fused_optimizer_step_cases) against their
    float64 rules, as test_cuda_fused_optimizer_steps_match_float64 checks them on a GPU;
@@ -13,7 +14,13 @@ CPU wheels do not bring it). Not run by pytest: the interpreter is slow. Three c
    sequences of documents, at DC's window (112), a short one and the longest (128), with the key side's heads
    in each program and in a grid of their own (DC_KV_HEADS_IN_GRID);
 4. the softcapped cross-entropy kernel on fp32 logits, with and without the prefix-token term, against the
-   rule (softcap_ce_parts): losses to 1e-5, the e5m2 grad within its rounding of the rule's.
+   rule (softcap_ce_parts): losses to 1e-5, the e5m2 grad within its rounding of the rule's;
+5. the fused ReLU^2 kernel's FP8 forward for --fp8_down (its tile, and a candidate of 4 stages in 4 column
+   blocks), persistent programs of two tiles each, against the op's torch path: post within bf16's rounding
+   (the interpreter's bf16 is its own), the largest value exactly the kernel's post's, and the e4m3 copy
+   fp8_post of the kernel's post but where the interpreter's e4m3 conversion rounds its own way (a rounding carry
+   into the exponent dropped, 125 -> 64 where torch and the GPU give 128; subnormals rounded down a step); on an
+   H100 the kernel's output equals the torch path's.
 
     python tests/interpreted.py
 """
@@ -78,6 +85,27 @@ def ce_kernel_cases():
         yield name, far, ((g.float() - exact).norm() / exact.norm()).item()
 
 
+def relu_square_fp8_down_cases():
+    """(tile, post's distance from the torch path's, top equal, copy bytes off but for the carry, equal share)"""
+    tg.sm_count = lambda index: 2  # 4 tiles on 2 programs: each program loops over two
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 128, generator=gen).bfloat16()
+    w = (torch.randn(512, 128, generator=gen) * 0.1).bfloat16()
+    w8, s_w = tg.fp8_weight(w)
+    x8, scale = tg.fp8_input(x, s_w)
+    act = torch.tensor([0.003])  # some of post past 448 x it: capped
+    want, _, want_top = tg.relu_square_mm(x, w, None, [], (x8, w8, scale), act)
+    for tile in (tg.MLP_HOPPER_TILES[3], (128, 256, 128, 8, 4, 4, 0, 1)):
+        post, post8, top = tg._relu_square_mm_cuda(x, w, None, tile, (x8, w8, scale), act)
+        got, rule = post8.float(), tg.fp8_post(post, act).float()
+        # the interpreter's own e4m3 rounding: a carry into the exponent dropped, subnormals rounded down a step
+        carry = (rule == 2 * got) & (torch.frexp(rule).mantissa == 0.5)
+        truncated = (rule <= 2 ** -6) & (rule - got == 2 ** -9)
+        yield (tile, ((post.float() - want.float()).norm() / want.float().norm()).item(),
+               top.item() == post.float().max().item() == want_top.item(), int(((got != rule) & ~carry & ~truncated).sum()),
+               (got == rule).float().mean().item())
+
+
 def main() -> int:
     if tg.triton is None:
         print("triton is not installed: pip install triton (and numpy<2 for its interpreter)")
@@ -103,6 +131,12 @@ def main() -> int:
         ok = far <= 1e-5 and rel < 0.06  # e5m2's 2 mantissa bits: about 5% rms
         failed += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {what} kernel: losses {far:.1e} apart, grad {rel:.3f} from the rule's")
+    for tile, rel, top_ok, off, equal in relu_square_fp8_down_cases():
+        ok = rel < 0.02 and top_ok and off == 0 and equal > 0.99
+        failed += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} ReLU^2 kernel's FP8 forward for --fp8_down, tile {tile}: post {rel:.1e} "
+              f"from the torch path's, largest value {'equal' if top_ok else 'DIFFERENT'}, e4m3 copy {equal:.2%} "
+              f"equal, {off} off but for the interpreter's rounding")
     for what, rel in [*dc_kernel_cases(), *dc_kernel_cases(heads_in_grid=True)]:
         failed += not rel <= DC_RTOL
         print(f"{'ok  ' if rel <= DC_RTOL else 'FAIL'} {what}: relative difference {rel:.1e}")
