@@ -8,7 +8,7 @@ train_gpt.py: train a GPT-2-small-class model on FineWeb .bin shards to val loss
     python train_gpt.py --generate CKPT --prompt "Once"        # sample from a checkpoint (--generate --help)
     python train_gpt.py --hellaswag CKPT                       # score one on HellaSwag (--hellaswag --help)
 
-The recipe is the NanoGPT speedrun's master of 2026-08-01 but for its FP8 MLP down projection (2026-05-27's MUDD
+The recipe is the NanoGPT speedrun's master of 2026-08-01 (2026-07-17's FP8 MLP down projection, 2026-05-27's MUDD
 gate and DC, 2026-07-13's prefix-token loss, on 2026-05-20's sign trick, 2026-05-07's XSA and 2026-04-22's
 MUDD: 1285 steps, batches growing from 131,072 to 393,216 tokens); the recipe map at the top of this file names
 where each of its tricks lives.
@@ -372,6 +372,9 @@ class Hyperparameters:
                                 "data/hellaswag.py downloads the validation split) and log acc and acc_norm")
     profile_steps: tuple = H((), "A,B: profile train steps A..B (CUDA) into <log_dir>/<run_id>_profile.txt: GPU "
                                  "time per kernel category and the top kernels")
+
+    def __post_init__(self):
+        self.fp8_down = self.fp8_down and self.fp8_mlp  # the down projection's FP8 goes with the up projection's
 
 
 # NorMuon groups: lr multiplier on top of the shape factor sqrt(max(1, rows/cols)), which is 2 for the MLP's
@@ -1737,10 +1740,9 @@ class GPT(nn.Module):
         # Rows of 16 bytes (a fourth column unused): the activation's scale, which the MLP kernel reads, is then
         # 16-byte aligned in every layer, so one compiled kernel serves all (Triton specializes on alignment).
         # And each layer's largest activation in the step's passes so far, 0 between steps
-        fp8_down = cfg.fp8_down and cfg.fp8_mlp
-        self.register_buffer("fp8_down_scales", torch.ones(L, 4) if fp8_down else None)
-        self.register_buffer("fp8_down_amax", torch.zeros(L) if fp8_down else None, persistent=False)
-        if fp8_down:
+        self.register_buffer("fp8_down_scales", torch.ones(L, 4) if cfg.fp8_down else None)
+        self.register_buffer("fp8_down_amax", torch.zeros(L) if cfg.fp8_down else None, persistent=False)
+        if cfg.fp8_down:
             fp8_down_weight_scales(self.fp8_down_scales, [b.mlp.proj_w for b in self.blocks], exact=True)
         self.grad_sinks = {}  # table weight -> RowSink, attached by the optimizer (ShardedOptimizer.row_sinks)
         self.weight_copies = None  # the matrices' compute copies while training (use_weight_copies)
@@ -2953,8 +2955,6 @@ def build(cfg: Hyperparameters) -> Trainer:
     rank, world, device = setup(cfg)
     comm = Comm(rank, world, device)
     notes, kernels = [], KernelSettings()
-    if cfg.fp8_down and not cfg.fp8_mlp:  # the down projection's FP8 goes with the up projection's
-        cfg = dataclasses.replace(cfg, fp8_down=False)
     fp8 = [name for name in ("fp8_head", "fp8_mlp", "fp8_down") if getattr(cfg, name)]
     if fp8 and device.type == "cuda" and not has_fp8_tensor_cores(torch.cuda.get_device_capability(device)):
         cfg = dataclasses.replace(cfg, **{name: False for name in fp8})  # emulated FP8 would be slower than bf16

@@ -115,9 +115,12 @@ MUTANTS = {
     "FP8 down: each rank its own activation scale": ("train_gpt.py", [
         ("    comm.all_max(amax)\n", "")],
         ["tests/test_training.py::test_fp8_down_activation_scales_are_the_largest_over_the_ranks"]),
+    "FP8 down: on without the FP8 up projection": ("train_gpt.py", [
+        ("        self.fp8_down = self.fp8_down and self.fp8_mlp", "        self.fp8_down = self.fp8_down")],
+        ["tests/test_training.py::test_fp8_down_goes_with_the_fp8_up_projection"]),
     "FP8 down: the scales not in checkpoints": ("train_gpt.py", [
-        ('self.register_buffer("fp8_down_scales", torch.ones(L, 4) if fp8_down else None)',
-         'self.register_buffer("fp8_down_scales", torch.ones(L, 4) if fp8_down else None, persistent=False)')],
+        ('self.register_buffer("fp8_down_scales", torch.ones(L, 4) if cfg.fp8_down else None)',
+         'self.register_buffer("fp8_down_scales", torch.ones(L, 4) if cfg.fp8_down else None, persistent=False)')],
         ["tests/test_trust.py::test_fp8_down_scales_resume_bitwise"]),
     "FP8 MLP in eval too": ("train_gpt.py", [
         ("        if self.training and self.fc_fp8 is not None", "        if self.fc_fp8 is not None")],

@@ -988,14 +988,18 @@ def test_fp8_mlp_weights_follow_each_optimizer_step(sample_shards, tmp_path):
     assert max(abs(a - b) for a, b in zip(fp8_losses, bf16_losses)) < 0.05, (fp8_losses, bf16_losses)
 
 
+def fp8_down_weight_reference(w, scale: float):
+    """The record's e4m3 down projection weights: w (4 dim, dim) divided by the scale in fp32, clipped to +-448."""
+    return (w.detach().double() / scale).float().clamp(-448, 448).to(E4M3)
+
+
 def fp8_down_reference(post, proj_w, act_scale: float, w_scale: float):
     """The record's FP8 down projection (2026-07-17_FP8DownProjection) in float64 from post (bf16 values) and
     proj_w (4 dim, dim): post times the fp32 reciprocal of the activation's scale, capped at 448, in e4m3; the
-    weights divided by their scale in fp32, clipped to +-448, in e4m3; their product times both scales, rounded
-    to bf16."""
+    weights' fp8_down_weight_reference; their product times both scales, rounded to bf16."""
     inv = torch.tensor(1 / torch.tensor(act_scale, dtype=torch.float32).item(), dtype=torch.float32).item()
     p8 = (post.double() * inv).float().clamp(max=448).to(E4M3).double()
-    w8 = (proj_w.detach().double() / w_scale).float().clamp(-448, 448).to(E4M3).double()
+    w8 = fp8_down_weight_reference(proj_w, w_scale).double()
     return (p8 @ w8 * act_scale * w_scale).bfloat16().double()
 
 
@@ -1096,7 +1100,7 @@ def test_fp8_down_scales_follow_the_records_schedule(sample_shards, tmp_path, mo
             w = m.proj_w.detach().bfloat16()
             scale = m.down_fp8[2].item()
             assert scale == (exact(w) if step <= 16 else before[m]), step
-            want = (w.double() / scale).float().clamp(-448, 448).to(E4M3).T
+            want = fp8_down_weight_reference(w, scale).T
             assert (m.down_fp8[0].view(torch.uint8) != want.view(torch.uint8)).float().mean() < 1e-3, step
         headroom = torch.tensor(1.12 / 448, dtype=torch.float32).item()
         before = {m: torch.tensor(m.proj_w.detach().bfloat16().abs().max().item() * headroom).float().item()
