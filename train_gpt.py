@@ -134,7 +134,8 @@ the plain-torch function it computes (what runs on CPU and what the tests check 
 # Where ours is laid out differently from the record (the same function):
 #   - FlexAttention with a BlockMask, where the record calls FlashAttention-3's varlen kernel: one mask rule
 #     (mask_rule) gives documents, causality and the token window; paired heads attend over the interleaved
-#     sequence through the same rule.
+#     sequence through the same rule. --attn_kernel runs our own kernels of the same rule instead
+#     (window_attention), which find each tile's keys from the first visible key alone.
 #   - A step is 8, 16 or 24 sequences of 16,384 tokens, run in passes of a few (micro_batch: one compiled
 #     shape; 4 per pass on one GPU), where the record's 8 GPUs take one sequence of 16K, 32K or 48K tokens
 #     each: the same documents, cut into 16K pieces.
@@ -341,6 +342,9 @@ class Hyperparameters:
     flex_tiles: str = H("auto", "FlexAttention's Triton tiles: default, small (fits GPUs with 99 KiB shared memory "
                                 "per block, e.g. RTX 3090/4090), or auto: small below 160 KiB, a faster forward "
                                 "tile on H100/H200")
+    attn_kernel: bool = H(True, "on H100/H200, attention in our own Triton kernels (window_attention), each tile's "
+                                "keys found from the mask's first visible key, which only rises; 0: FlexAttention "
+                                "(the same function; other GPUs always)")
     # optimizer (record)
     muon_lr: float = H(0.023, "NorMuon lr for hidden matrices, times MUON_GROUPS' multiplier")
     muon_wd: float = H(1.2, "NorMuon's cautious weight decay, times the lr twice (the record's form)")
@@ -412,6 +416,8 @@ class KernelSettings:
     """How the GPU kernels are launched (never what they compute). build() makes one per run and logs it;
     benches and tests set its fields instead of patching the module."""
     flex_options: dict = None            # FlexAttention kernel_options (from --flex_tiles), None = Flex's own
+    attn_tiles: tuple = None             # window_attention's launches (--attn_kernel): ATTN_TILE each for its
+                                         # forward, dq and dk/dv kernels; None: FlexAttention
     ce_tiles: tuple = (8, 512, 8)        # softcapped CE: rows, vocab columns per tile, warps
     ce_tanh_approx: bool = True          # the cap's tanh as one tanh.approx op (records/2026-12-03_speed2-h200)
     transpose_tile: tuple = (64, 128)    # fp8 transpose tile (records/2026-12-03_speed-h200)
@@ -419,6 +425,10 @@ class KernelSettings:
                                          # its backward's, its FP8 forward's and that for --fp8_down (MLP_TILE
                                          # each); None: cuBLAS
                                          # and a compiled ReLU^2
+
+    def attn_launch(self):
+        """window_attention's tiles end to end (forward, dq, dk/dv), or None for FlexAttention."""
+        return None if self.attn_tiles is None else tuple(x for tile in self.attn_tiles for x in tile)
 
     def head_launch(self) -> tuple:
         """The FP8 head's launch (head_loss, fp8_head_loss): the CE kernel's tiles, then the transposes'."""
@@ -433,8 +443,8 @@ class KernelSettings:
 # settings that may differ between a checkpoint and the run resuming it: none of them changes the training (the
 # shard globs may name other paths of the same shards: restore compares the shards themselves)
 RESUME_FREE = ("log_dir", "run_id", "val_every", "save_every", "keep_last", "warmup_steps", "resume",
-               "target_val_loss", "stop_at_target", "profile_steps", "flex_tiles", "mlp_kernel", "micro_batch",
-               "stop_at", "train_files", "val_files", "eval_hellaswag")
+               "target_val_loss", "stop_at_target", "profile_steps", "flex_tiles", "attn_kernel", "mlp_kernel",
+               "micro_batch", "stop_at", "train_files", "val_files", "eval_hellaswag")
 # and these may change on resume too, logged: lower rates are how a diverged run continues from a checkpoint
 RESUME_ADJUSTABLE = ("muon_lr", "adam_lr", "lr_stage_scales")
 RUN_ID_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # a plain file name; 200 leaves room for _step...
@@ -1042,7 +1052,7 @@ def shift_stationary_keys(k: Tensor) -> Tensor:
     return torch.where(still, torch.cat([k[:, :1], k[:, :-1]], dim=1), k)
 
 
-# ---- the attention mask: one rule, as a dense matrix (CPU) or FlexAttention's BlockMask (GPU)
+# ---- the attention mask: one rule, as a dense matrix (CPU), FlexAttention's BlockMask or our kernels' first (GPU)
 
 def mask_rule(q_idx: Tensor, kv_idx: Tensor, first: Tensor) -> Tensor:
     """The attention mask, the one definition: query q sees the keys from first[q] to itself, where first is
@@ -1129,13 +1139,22 @@ def block_attention_mask(first: Tensor) -> BlockMask:
                      mask_mod=mask_mod)
 
 
-def attention_mask(first: Tensor):
-    """The mask in the form attention() takes on this device: a BlockMask for FlexAttention on GPU; on CPU,
-    where Flex has no backward, the dense matrix for SDPA."""
-    return block_attention_mask(first) if first.is_cuda else dense_attention_mask(first)
+class WindowMask(NamedTuple):
+    """The mask as window_attention takes it: first_visible's first key per query (int32), which the kernels
+    read as mask_rule does, and their launch (KernelSettings.attn_tiles)."""
+    first: Tensor
+    tiles: tuple
 
 
-def attention_masks(idx: Tensor, windows: Tensor, kinds: set, dc_window: int = 0) -> dict:
+def attention_mask(first: Tensor, attn_tiles: tuple = None):
+    """The mask in the form attention() takes on this device: on GPU a WindowMask for our kernels (with
+    attn_tiles) or a BlockMask for FlexAttention; on CPU, where Flex has no backward, the dense matrix for SDPA."""
+    if not first.is_cuda:
+        return dense_attention_mask(first)
+    return WindowMask(first.int(), attn_tiles) if attn_tiles else block_attention_mask(first)
+
+
+def attention_masks(idx: Tensor, windows: Tensor, kinds: set, dc_window: int = 0, attn_tiles: tuple = None) -> dict:
     """The masks of the sequences idx (B, T), laid end to end as attention() sees them, built once per forward:
     {(paired, long): mask} for the kinds the layers use. windows: (short, long) in tokens, a device tensor (a
     new window is new data, not a new graph). With a dc_window, also "dc": the first key of DC's window per
@@ -1144,7 +1163,7 @@ def attention_masks(idx: Tensor, windows: Tensor, kinds: set, dc_window: int = 0
     masks = {}
     for paired, long in sorted(kinds):
         s = interleaved_starts(starts) if paired else starts
-        masks[paired, long] = attention_mask(first_visible(s, windows[int(long)]))
+        masks[paired, long] = attention_mask(first_visible(s, windows[int(long)]), attn_tiles)
     if dc_window:
         masks["dc"] = first_visible(starts, dc_window - 1)  # the query and the dc_window - 1 keys before it
     return masks
@@ -1173,8 +1192,11 @@ def choose_flex_tiles(choice: str, smem_per_block: int, capability: tuple):
 def attention(q: Tensor, k: Tensor, v: Tensor, mask, flex_options=None) -> Tensor:
     """Masked softmax attention over (B, T, heads, head_dim), at unit scale (q carries the scale), with a mask
     from attention_mask() over the B sequences laid end to end (one pass over B * T tokens; the mask keeps the
-    sequences apart)."""
+    sequences apart): our window_attention kernels, FlexAttention or SDPA, by the mask's form."""
     B, T = q.shape[:2]
+    if isinstance(mask, WindowMask):
+        flat = [t.reshape(B * T, *t.shape[2:]) for t in (q, k, v)]
+        return window_attention(*flat, mask.first, list(mask.tiles))[0].view(q.shape)
     q, k, v = (t.reshape(1, B * T, *t.shape[2:]).transpose(1, 2) for t in (q, k, v))
     if isinstance(mask, BlockMask):
         y = flex_attention(q, k, v, block_mask=mask, scale=1.0, kernel_options=flex_options)
@@ -1839,7 +1861,8 @@ class GPT(nn.Module):
         kinds = {(b.paired, b.long_window) for b in self.blocks if b.attn is not None}
         if bigram is not None and self.bigram_sign_table is not None:
             bigram = bigram * self.bigram_sign_table[bigram_sign_rows(idx, self.bigram_sign_table.size(0))]
-        return self.run_blocks(tokens, bigram, ve, attention_masks(idx, windows, kinds, self.dc_window))
+        masks = attention_masks(idx, windows, kinds, self.dc_window, self.kernels.attn_launch())
+        return self.run_blocks(tokens, bigram, ve, masks)
 
     def stream_weights(self) -> Tensor:
         """Per layer, Block.forward's learned constants: (attention's resid, post, MLP's resid, post), then x0's
@@ -2970,6 +2993,8 @@ def build(cfg: Hyperparameters) -> Trainer:
             notes.append(log_line(note="flex_small_tiles", why=f"{smem // 1024}KiB_shared_memory_per_block"))
         if cfg.mlp_kernel and capability == HOPPER and TensorDescriptor:
             kernels.mlp_tiles = MLP_HOPPER_TILES
+        if cfg.attn_kernel and capability == HOPPER:
+            kernels.attn_tiles = ATTN_HOPPER_TILES
     if cfg.eval_hellaswag:  # a missing file or tokenizer now, not after an hour of training
         hellaswag_items(cfg.eval_hellaswag)
         gpt2_encoding()
@@ -3202,7 +3227,7 @@ KERNEL_CATEGORIES = [("copies and fills", r"^(?!triton_).*([Mm]emcpy|[Mm]emset|c
                      ("softcap CE + fp8 transposes", r"_softcap_ce|_transpose_bytes"),
                      ("QK-norm + rotary", r"_qk_norm_rotary"), ("ReLU^2 GEMM (fused)", r"_relu_square_mm"),
                      ("DC (dc_mix)", r"^_dc_"),
-                     ("FlexAttention", r"flex|triton_tem"),
+                     ("FlexAttention", r"flex|triton_tem"), ("attention (window_attention)", r"^_attn_"),
                      ("FP8 GEMM", r"nvjet_sm90_q|e4m3|e5m2"), ("bf16 GEMM", r"gemm|xmma|cutlass|nvjet|cublas"),
                      ("NCCL", r"nccl"), ("Triton fused (compiled)", r"triton"), ("other", r"")]
 
@@ -4191,6 +4216,10 @@ DC_KV_WARPS = 4                 # dc_mix's key side: warps per program
 DC_KV_HEADS_IN_GRID = True
 MLP_HOPPER_TILES = ((128, 256, 64, 8, 4, 2, 0, 1), (128, 128, 64, 8, 3, 4, 0, 2), (128, 256, 128, 8, 4, 2, 0, 1),
                     (128, 256, 128, 8, 3, 2, 0, 1))
+ATTN_TILE = ("queries", "keys", "warps", "stages")  # a window_attention kernel's launch: its tile, its pipeline
+# forward's, dq's and dk/dv's (KernelSettings.attn_tiles; the dk/dv kernel's queries divide its keys): the
+# fastest of three each at stage 3's shapes on an H100 (records/2026-12-07_attn-h100, records/bench/attnbench.py)
+ATTN_HOPPER_TILES = ((64, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 2))
 
 
 def ce_outputs(rows: int, vocab: int, device) -> tuple[Tensor, Tensor, Tensor]:
@@ -4516,6 +4545,80 @@ def _qk_grad(ctx, dq, dk):
 qk_norm_rotary.register_autograd(_qk_grad, setup_context=_qk_setup)
 
 
+@torch.library.custom_op("train_gpt::window_attention", mutates_args=())
+def window_attention(q: Tensor, k: Tensor, v: Tensor, first: Tensor, tiles: list[int]) -> tuple[Tensor, Tensor]:
+    """CUDA only (attention() holds the torch rule, SDPA over dense_attention_mask): softmax attention of q, k, v
+    (N, H, D) at unit scale where query n sees the keys first[n]..n (first: (N,) int32, rising, as
+    first_visible makes it); returns the output and each (query, head)'s log-sum-exp (N, H) fp32, in base 2,
+    which the backward reuses. tiles: KernelSettings.attn_tiles end to end. A program per query tile walks
+    the key tiles from its first query's first key to itself: those before its last query's first key and
+    its own diagonal masked by mask_rule, the ones between whole (no block tables: first only rises)."""
+    N, H, D = q.shape
+    bm, bn, warps, stages = tiles[:len(ATTN_TILE)]
+    assert N % max(tiles[:2] + tiles[4:6] + tiles[8:10]) == 0, "whole tiles only: sequences are in 128s"
+    # the key ranges step in tiles that the query tile holds whole (forward, dq), and the query ranges in tiles
+    # that the key tile holds (dk/dv)
+    assert tiles[0] % tiles[1] == 0 and tiles[4] % tiles[5] == 0 and tiles[9] % tiles[8] == 0, tiles
+    out, lse = torch.empty_like(q), q.new_empty(N, H, dtype=torch.float32)
+    _attn_fwd_kernel[(N // bm, H)](q, k, v, first, out, lse, *_attn_strides(q, k, v, out), H=H, D=D, BM=bm, BN=bn,
+                                   num_warps=warps, num_stages=stages)
+    return out, lse
+
+
+@window_attention.register_fake
+def _(q, k, v, first, tiles):
+    return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
+@torch.library.custom_op("train_gpt::window_attention_backward", mutates_args=())
+def window_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, g: Tensor, first: Tensor,
+                              tiles: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+    """The grads of window_attention's q, k, v from its output's g, as FlashAttention-2 finds them: a query-side
+    kernel (dq, and each row's sum of out * g, which it stores) over the forward's key tiles, then a key-side
+    one (dk, dv) over the query tiles that see its keys, whose ends it reads from first by two searchsorted
+    calls. No atomics: the same grads every run."""
+    N, H, D = q.shape
+    n = len(ATTN_TILE)
+    (bm, bn, warps, stages), (bm2, bn2, warps2, stages2) = tiles[n:2 * n], tiles[2 * n:3 * n]
+    g = g.contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    delta = torch.empty_like(lse)
+    _attn_dq_kernel[(N // bm, H)](q, k, v, out, g, first, lse, delta, dq, *_attn_strides(q, k, v, out, g, dq), H=H,
+                                  D=D, BM=bm, BN=bn, num_warps=warps, num_stages=stages)
+    # per key tile: the end of the queries that see any of its keys, and of those that see all of them
+    last_key = torch.arange(bn2 - 1, N, bn2, device=q.device, dtype=first.dtype)
+    q_end = torch.searchsorted(first, last_key, right=True).int()
+    q_full = torch.searchsorted(first, last_key - (bn2 - 1), right=True).int()
+    _attn_dkdv_kernel[(N // bn2, H)](q, k, v, g, first, lse, delta, q_end, q_full, dk, dv, N,
+                                     *_attn_strides(q, k, v, g, dk, dv), H=H, D=D, BM=bm2, BN=bn2, num_warps=warps2,
+                                     num_stages=stages2)
+    return dq, dk, dv
+
+
+@window_attention_backward.register_fake
+def _(q, k, v, out, lse, g, first, tiles):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _attn_strides(*tensors) -> list:
+    """The token and head strides of (N, H, D) tensors whose last dim is contiguous, as the kernels take them."""
+    assert all(t.stride(-1) == 1 for t in tensors)
+    return [t.stride(0) for t in tensors] + [t.stride(1) for t in tensors]
+
+
+def _attn_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:4], *output)
+    ctx.tiles = inputs[4]
+
+
+def _attn_grad(ctx, g, _):
+    q, k, v, first, out, lse = ctx.saved_tensors
+    return *window_attention_backward(q, k, v, out, lse, g, first, ctx.tiles), None, None
+
+
+window_attention.register_autograd(_attn_grad, setup_context=_attn_setup)
+
+
 @torch.library.custom_op("train_gpt::dc_mix", mutates_args=())
 def dc_mix(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, first: Tensor, window: int) -> tuple[Tensor, Tensor]:
     """CUDA and bf16 only (dc_correction holds the torch rule): DC's correction of q, k, v (N, H, D), per query
@@ -4609,6 +4712,12 @@ def rehearse_kernels(trainer: "Trainer"):
             first = first_visible(torch.zeros(N, dtype=torch.long, device=device), model.dc_window - 1)
             _, lse = dc_mix(q, q, q, a, a, first, model.dc_window)
             dc_mix_backward(q, q, q, a, a, first, lse, q, model.dc_window)
+        if settings.attn_tiles:  # paired heads attend over twice the tokens, with half the heads
+            tiles, N, H = list(settings.attn_launch()), B * T, cfg.num_heads
+            for n, h in {(2 * N, H // 2) if b.paired else (N, H) for b in model.blocks if b.attn is not None}:
+                q, first = zeros(n, h, cfg.head_dim), torch.zeros(n, dtype=torch.int32, device=device)
+                out, lse = window_attention(q, q, q, first, tiles)
+                window_attention_backward(q, q, q, out, lse, q, first, tiles)
         qk = zeros(B, T, 2 * cfg.num_heads, cfg.head_dim)  # as Attention.forward's matmul makes it
         for paired in {block.paired for block in model.blocks if block.attn is not None}:
             q, k = qk_norm_rotary(qk, rot.cos, rot.sin, rot.scale, paired)
@@ -5056,6 +5165,139 @@ if triton is not None:
         dot = ((tl.sum(gn1 * n1, 1) + tl.sum(gn2 * n2, 1)) / D)[:, None]
         tl.store(at_d, (rstd * (gn1 - n1 * dot)).to(tl.bfloat16), mask=live)
         tl.store(at_d + HALF, (rstd * (gn2 - n2 * dot)).to(tl.bfloat16), mask=live)
+
+    # ---- window_attention: the attention mask's tiles from first alone (query n sees first[n]..n, first rising)
+
+    @triton.jit
+    def _attn_fwd_tiles(acc, l_i, m_i, q, rows, f, k_ptr, v_ptr, sk, sv, start, end, D: tl.constexpr,
+                        BN: tl.constexpr, MASKED: tl.constexpr):
+        """Online softmax over the key tiles start..end (BN apart) for one query tile: scores in base 2, the
+        running max m_i starts finite so that a row with no key yet in a masked tile adds zeros, not NaN."""
+        d = tl.arange(0, D)
+        for n0 in range(start, end, BN):
+            cols = n0 + tl.arange(0, BN)
+            k = tl.load(k_ptr + cols[:, None] * sk + d[None, :])
+            v = tl.load(v_ptr + cols[:, None] * sv + d[None, :])
+            s = tl.dot(q, tl.trans(k)) * 1.4426950408889634  # log2(e): exp2 below
+            if MASKED:  # mask_rule
+                s = tl.where((cols[None, :] <= rows[:, None]) & (cols[None, :] >= f[:, None]), s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.math.exp2(s - m_new[:, None])
+            alpha = tl.math.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        return acc, l_i, m_i
+
+    @triton.jit
+    def _attn_key_range(first_ptr, m0, BM: tl.constexpr, BN: tl.constexpr):
+        """A query tile's key tiles: from its first query's first key's tile, the masked ones up to front_end
+        (some query's first key falls inside them), whole ones to m0, then its masked diagonal m0..m0 + BM."""
+        start = (tl.load(first_ptr + m0) // BN) * BN
+        front_end = tl.minimum(tl.cdiv(tl.load(first_ptr + m0 + BM - 1), BN) * BN, m0)
+        return start, front_end
+
+    @triton.jit
+    def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, first_ptr, o_ptr, lse_ptr, sq, sk, sv, so, hq, hk, hv, ho,
+                         H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+        """One tile of BM queries of one head: its output and base-2 log-sum-exp."""
+        m0, h = tl.program_id(0) * BM, tl.program_id(1)
+        rows, d = m0 + tl.arange(0, BM), tl.arange(0, D)
+        q = tl.load(q_ptr + h * hq + rows[:, None] * sq + d[None, :])
+        f = tl.load(first_ptr + rows)
+        start, front_end = _attn_key_range(first_ptr, m0, BM, BN)
+        acc = tl.zeros([BM, D], dtype=tl.float32)
+        l_i = tl.zeros([BM], dtype=tl.float32)
+        m_i = tl.full([BM], -1e30, dtype=tl.float32)
+        k_ptr, v_ptr = k_ptr + h * hk, v_ptr + h * hv
+        acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, rows, f, k_ptr, v_ptr, sk, sv, start, front_end, D, BN, True)
+        acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, rows, f, k_ptr, v_ptr, sk, sv, front_end, m0, D, BN, False)
+        acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, rows, f, k_ptr, v_ptr, sk, sv, m0, m0 + BM, D, BN, True)
+        tl.store(o_ptr + h * ho + rows[:, None] * so + d[None, :], (acc / l_i[:, None]).to(o_ptr.dtype.element_ty))
+        tl.store(lse_ptr + rows * H + h, m_i + tl.math.log2(l_i))
+
+    @triton.jit
+    def _attn_dq_tiles(dq, q, g, lse, delta, rows, f, k_ptr, v_ptr, sk, sv, start, end, D: tl.constexpr,
+                       BN: tl.constexpr, MASKED: tl.constexpr):
+        """dq += dS k over the key tiles start..end, P recomputed from the stored log-sum-exp."""
+        d = tl.arange(0, D)
+        for n0 in range(start, end, BN):
+            cols = n0 + tl.arange(0, BN)
+            k = tl.load(k_ptr + cols[:, None] * sk + d[None, :])
+            v = tl.load(v_ptr + cols[:, None] * sv + d[None, :])
+            p = tl.math.exp2(tl.dot(q, tl.trans(k)) * 1.4426950408889634 - lse[:, None])
+            if MASKED:
+                p = tl.where((cols[None, :] <= rows[:, None]) & (cols[None, :] >= f[:, None]), p, 0.0)
+            ds = p * (tl.dot(g, tl.trans(v)) - delta[:, None])
+            dq += tl.dot(ds.to(k.dtype), k)
+        return dq
+
+    @triton.jit
+    def _attn_dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, g_ptr, first_ptr, lse_ptr, delta_ptr, dq_ptr, sq, sk, sv, so,
+                        sg, sdq, hq, hk, hv, ho, hg, hdq, H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr,
+                        BN: tl.constexpr):
+        """One tile of BM queries of one head: delta = rowsum(out * g) (stored for the key side), then dq."""
+        m0, h = tl.program_id(0) * BM, tl.program_id(1)
+        rows, d = m0 + tl.arange(0, BM), tl.arange(0, D)
+        q = tl.load(q_ptr + h * hq + rows[:, None] * sq + d[None, :])
+        g = tl.load(g_ptr + h * hg + rows[:, None] * sg + d[None, :])
+        o = tl.load(o_ptr + h * ho + rows[:, None] * so + d[None, :])
+        delta = tl.sum(o.to(tl.float32) * g.to(tl.float32), 1)
+        tl.store(delta_ptr + rows * H + h, delta)
+        lse = tl.load(lse_ptr + rows * H + h)
+        f = tl.load(first_ptr + rows)
+        start, front_end = _attn_key_range(first_ptr, m0, BM, BN)
+        dq = tl.zeros([BM, D], dtype=tl.float32)
+        k_ptr, v_ptr = k_ptr + h * hk, v_ptr + h * hv
+        dq = _attn_dq_tiles(dq, q, g, lse, delta, rows, f, k_ptr, v_ptr, sk, sv, start, front_end, D, BN, True)
+        dq = _attn_dq_tiles(dq, q, g, lse, delta, rows, f, k_ptr, v_ptr, sk, sv, front_end, m0, D, BN, False)
+        dq = _attn_dq_tiles(dq, q, g, lse, delta, rows, f, k_ptr, v_ptr, sk, sv, m0, m0 + BM, D, BN, True)
+        tl.store(dq_ptr + h * hdq + rows[:, None] * sdq + d[None, :], dq.to(dq_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _attn_dkdv_tiles(dk, dv, k, v, cols, q_ptr, g_ptr, first_ptr, lse_ptr, delta_ptr, sq, sg, h, start, end,
+                         H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, MASKED: tl.constexpr):
+        """dv += P^T g and dk += dS^T q over the query tiles start..end (BM apart), transposed: keys by queries."""
+        d = tl.arange(0, D)
+        for m0 in range(start, end, BM):
+            rows = m0 + tl.arange(0, BM)
+            q = tl.load(q_ptr + rows[:, None] * sq + d[None, :])
+            g = tl.load(g_ptr + rows[:, None] * sg + d[None, :])
+            lse = tl.load(lse_ptr + rows * H + h)
+            delta = tl.load(delta_ptr + rows * H + h)
+            p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * 1.4426950408889634 - lse[None, :])
+            if MASKED:
+                f = tl.load(first_ptr + rows)
+                p_t = tl.where((cols[:, None] <= rows[None, :]) & (cols[:, None] >= f[None, :]), p_t, 0.0)
+            dv += tl.dot(p_t.to(g.dtype), g)
+            ds_t = p_t * (tl.dot(v, tl.trans(g)) - delta[None, :])
+            dk += tl.dot(ds_t.to(q.dtype), q)
+        return dk, dv
+
+    @triton.jit
+    def _attn_dkdv_kernel(q_ptr, k_ptr, v_ptr, g_ptr, first_ptr, lse_ptr, delta_ptr, q_end_ptr, q_full_ptr, dk_ptr,
+                          dv_ptr, N, sq, sk, sv, sg, sdk, sdv, hq, hk, hv, hg, hdk, hdv, H: tl.constexpr,
+                          D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+        """One tile of BN keys of one head: its masked diagonal's query tiles, then the whole ones (every query
+        sees every key: before q_full), then the masked ones to q_end (the last query that sees one of them)."""
+        kb, h = tl.program_id(0), tl.program_id(1)
+        n0 = kb * BN
+        cols, d = n0 + tl.arange(0, BN), tl.arange(0, D)
+        k = tl.load(k_ptr + h * hk + cols[:, None] * sk + d[None, :])
+        v = tl.load(v_ptr + h * hv + cols[:, None] * sv + d[None, :])
+        q_end = tl.minimum(tl.cdiv(tl.load(q_end_ptr + kb), BM) * BM, N)
+        full_end = tl.minimum(tl.maximum((tl.load(q_full_ptr + kb) // BM) * BM, n0 + BN), q_end)
+        dk = tl.zeros([BN, D], dtype=tl.float32)
+        dv = tl.zeros([BN, D], dtype=tl.float32)
+        q_ptr, g_ptr = q_ptr + h * hq, g_ptr + h * hg
+        dk, dv = _attn_dkdv_tiles(dk, dv, k, v, cols, q_ptr, g_ptr, first_ptr, lse_ptr, delta_ptr, sq, sg, h, n0,
+                                  tl.minimum(n0 + BN, q_end), H, D, BM, True)
+        dk, dv = _attn_dkdv_tiles(dk, dv, k, v, cols, q_ptr, g_ptr, first_ptr, lse_ptr, delta_ptr, sq, sg, h,
+                                  n0 + BN, full_end, H, D, BM, False)
+        dk, dv = _attn_dkdv_tiles(dk, dv, k, v, cols, q_ptr, g_ptr, first_ptr, lse_ptr, delta_ptr, sq, sg, h,
+                                  tl.maximum(full_end, n0 + BN), q_end, H, D, BM, True)
+        tl.store(dk_ptr + h * hdk + cols[:, None] * sdk + d[None, :], dk.to(dk_ptr.dtype.element_ty))
+        tl.store(dv_ptr + h * hdv + cols[:, None] * sdv + d[None, :], dv.to(dv_ptr.dtype.element_ty))
 
 
 release_held_signals(_held_signals)  # the module has loaded: a Ctrl-C or SIGTERM from here on is main()'s to handle

@@ -1,7 +1,7 @@
 """Run the Triton kernels (the optimizer's cautious_step_fused, the fp32 sums' add_into_fp32 and
-add_rows_into_fp32, DC's, the cross-entropy's, the fused ReLU^2 matmul's FP8 forward) on CPU in Triton's
-interpreter, where no GPU is at hand: needs triton installed (PyTorch's CPU wheels do not bring it) and numpy<2
-(the interpreter's scalars). Not run by pytest: the interpreter is slow. Five checks:
+add_rows_into_fp32, DC's, the cross-entropy's, the fused ReLU^2 matmul's FP8 forward, window_attention's) on
+CPU in Triton's interpreter, where no GPU is at hand: needs triton installed (PyTorch's CPU wheels do not bring
+it) and numpy<2 (the interpreter's scalars). Not run by pytest: the interpreter is slow. Six checks:
 
 1. the fused optimizer step's cases (tests/test_training.py::fused_optimizer_step_cases) against their
    float64 rules, as test_cuda_fused_optimizer_steps_match_float64 checks them on a GPU;
@@ -20,7 +20,12 @@ interpreter, where no GPU is at hand: needs triton installed (PyTorch's CPU whee
    (the interpreter's bf16 is its own), the largest value exactly the kernel's post's, and the e4m3 copy
    fp8_post of the kernel's post but where the interpreter's e4m3 conversion rounds its own way (a rounding carry
    into the exponent dropped, 125 -> 64 where torch and the GPU give 128; subnormals rounded down a step); on an
-   H100 the kernel's output equals the torch path's.
+   H100 the kernel's output equals the torch path's;
+6. window_attention (--attn_kernel) and its backward through autograd, in fp32, against SDPA over the dense
+   mask (dense_attention_mask) in float64: the output and the grads of q, k, v, on the mask tests' token
+   layouts (documents on tile edges, one long document, a sequence starting mid-document), short and long
+   windows and paired heads' interleaved sequence, with q and k strided views of one tensor as the model's
+   are, in the Hopper tiles and smaller ones.
 
     python tests/interpreted.py
 """
@@ -38,7 +43,7 @@ import torch  # noqa: E402
 
 import train_gpt as tg  # noqa: E402
 from conftest import losses, make_sample_shards, tiny_args  # noqa: E402
-from test_train_gpt import token_layouts  # noqa: E402
+from test_train_gpt import first_of, token_layouts  # noqa: E402
 from test_training import FUSED_STEP_RTOL, fused_optimizer_step_cases  # noqa: E402
 
 ROUNDING = 0.01  # largest loss difference taken for rounding in the 10-step run
@@ -106,6 +111,33 @@ def relu_square_fp8_down_cases():
                (got == rule).float().mean().item())
 
 
+ATTN_RTOL = 1e-5  # window_attention in fp32 against SDPA in float64
+
+
+def window_attention_cases():
+    """(what, relative difference) of window_attention's output and grads against SDPA in float64."""
+    gen = torch.Generator().manual_seed(0)
+    small = ((64, 32, 4, 1), (64, 32, 4, 1), (32, 64, 4, 1))
+    for layout, tokens in token_layouts(1024, 5).items():
+        for window, paired, tiles in [(300, False, tg.ATTN_HOPPER_TILES), (100, True, small), (2000, False, small)]:
+            first = first_of(tokens, window, paired).int()
+            N, H, D = first.numel(), 2, 32
+            leaves = [torch.randn(N, 2 * H, D, generator=gen) * 0.4, torch.randn(N, H, D, generator=gen)]
+            ins = [t.clone().requires_grad_() for t in leaves]
+            q, k = ins[0][:, :H], ins[0][:, H:]  # strided, as Attention.forward's q and k
+            out = tg.window_attention(q, k, ins[1], first, [x for t in tiles for x in t])[0]
+            g = torch.randn(out.shape, generator=gen)
+            grads = torch.autograd.grad(out, ins, g)
+            ref = [t.double().requires_grad_() for t in leaves]
+            want = torch.nn.functional.scaled_dot_product_attention(
+                *(t.transpose(0, 1) for t in (ref[0][:, :H], ref[0][:, H:], ref[1])),
+                attn_mask=tg.dense_attention_mask(first), scale=1.0).transpose(0, 1)
+            wants = torch.autograd.grad(want, ref, g.double())
+            what = f"window_attention {layout}, window {window}{', paired' if paired else ''}, tiles {tiles[0][:2]}"
+            for name, x, y in zip(["out", "dq dk", "dv"], (out, *grads), (want, *wants)):
+                yield f"{what} {name}", ((x.double() - y).norm() / y.norm()).item()
+
+
 def main() -> int:
     if tg.triton is None:
         print("triton is not installed: pip install triton (and numpy<2 for its interpreter)")
@@ -140,6 +172,9 @@ def main() -> int:
     for what, rel in [*dc_kernel_cases(), *dc_kernel_cases(heads_in_grid=True)]:
         failed += not rel <= DC_RTOL
         print(f"{'ok  ' if rel <= DC_RTOL else 'FAIL'} {what}: relative difference {rel:.1e}")
+    for what, rel in window_attention_cases():
+        failed += not rel <= ATTN_RTOL
+        print(f"{'ok  ' if rel <= ATTN_RTOL else 'FAIL'} {what}: relative difference {rel:.1e}")
     return 1 if failed else 0
 
 

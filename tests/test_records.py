@@ -250,9 +250,7 @@ def test_current_record_runs_the_current_recipe():
     runs, problems = tool.load_runs([REPO / "records" / current])
     assert runs and not problems
     scaled = {"num_steps", "extension_steps", "momentum_warmup_steps", "momentum_cooldown_steps"}
-    own = {"train_files", "val_files", "val_tokens", "val_every", "warmup_steps", "seed", "log_dir", "run_id",
-           "save_every", "keep_last", "resume", "profile_steps", "target_val_loss", "stop_at_target",
-           "micro_batch", "stop_at", "eval_hellaswag"}
+    own = {"val_tokens", "seed", *tg.RESUME_FREE}  # RESUME_FREE: settings that change no training
     defaults = fineweb_config()
     for r in runs:
         differ = {k for k, v in defaults.items() if k not in scaled | own and r.config.get(k) != v}

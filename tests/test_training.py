@@ -851,6 +851,38 @@ def test_cuda_dc_kernels_match_float64(monkeypatch, heads_in_grid):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("window,paired", [(640, False), (1408, False), (640, True)])
+def test_cuda_window_attention_matches_float64(window, paired):
+    """--attn_kernel's window_attention (attention() with a WindowMask) against SDPA over the dense mask in
+    float64 on the same bf16 values: 8K tokens of documents up to ~1,600, 6 heads of 128 (paired: 3 over the
+    interleaved 16K), stage 3's short and long windows; the output and the grads of q, k, v within bf16's
+    rounding (~3e-3 relative). Twice the same grads (no atomics)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    T, H, D = 8192, 6, 128
+    ids = torch.randint(0, 50000, (1, T), device="cuda", generator=gen)
+    ids[torch.rand(1, T, device="cuda", generator=gen) < 1 / 800] = tg.BOS_ID
+    starts = tg.document_starts(ids)
+    first = tg.first_visible(tg.interleaved_starts(starts) if paired else starts, torch.tensor(window, device="cuda"))
+    shape = (1, 2 * T, H // 2, D) if paired else (1, T, H, D)
+    leaves = [(torch.randn(shape, device="cuda", generator=gen) * s).bfloat16() for s in (0.12, 1.0, 1.0)]
+    g = torch.randn(shape, device="cuda", generator=gen).bfloat16()
+    mask = tg.attention_mask(first, tg.KernelSettings(attn_tiles=tg.ATTN_HOPPER_TILES).attn_launch())
+    assert isinstance(mask, tg.WindowMask)
+    runs = []
+    for _ in range(2):
+        ins = [t.clone().requires_grad_() for t in leaves]
+        out = tg.attention(*ins, mask)
+        runs.append((out, *torch.autograd.grad(out, ins, g)))
+    assert all(torch.equal(x, y) for x, y in zip(*runs))
+    ref = [t[0].transpose(0, 1).double().requires_grad_() for t in leaves]
+    want = F.scaled_dot_product_attention(*ref, attn_mask=tg.dense_attention_mask(first), scale=1.0)
+    wants = (want, *torch.autograd.grad(want, ref, g[0].transpose(0, 1).double()))
+    for name, got, ref_t in zip(["out", "dq", "dk", "dv"], runs[0], wants):
+        err = ((got[0].transpose(0, 1).double() - ref_t).norm() / ref_t.norm()).item()
+        assert err < 1e-2, (name, err)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("paired", [False, True])
 def test_cuda_qk_norm_rotary_kernels_match_float64(paired):
     """The QK-norm + rotary op's kernels against float64 autograd of the torch rule (norm_rotary_qk on CPU),
@@ -1239,7 +1271,8 @@ OPTIMIZER_KERNELS = {"_add_into_fp32_kernel", "_add_rows_into_fp32_kernel", "_ad
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_rehearsal_builds_the_kernels_a_step_launches(sample_shards, tmp_path):
+@pytest.mark.parametrize("attn_kernel", ["0", "1"])
+def test_cuda_rehearsal_builds_the_kernels_a_step_launches(sample_shards, tmp_path, attn_kernel):
     """rehearse_kernels launches each of the model's hand-written kernels as a training step does, so Triton
     compiles each once: with its in-memory caches emptied, the rehearsal's thread compiles the forward's and
     backward's kernels, and a train step after it compiles none of them again, only the optimizer's (each
@@ -1250,7 +1283,8 @@ def test_cuda_rehearsal_builds_the_kernels_a_step_launches(sample_shards, tmp_pa
         if isinstance(fn, JITFunction):
             fn.device_caches.clear()
     trainer = tg.build(tg.parse_args(tiny_args(sample_shards, tmp_path, "--device", "cuda", "--compile", "0",
-                                               "--fp8_head", "1", "--fp8_mlp", "1", "--num_steps", "2")))
+                                               "--fp8_head", "1", "--fp8_mlp", "1", "--num_steps", "2",
+                                               "--attn_kernel", attn_kernel)))
     with stagebench.KernelCompiles() as compiles:
         rehearsal = tg.KernelRehearsal(trainer)
         rehearsal.finish()
@@ -1259,6 +1293,8 @@ def test_cuda_rehearsal_builds_the_kernels_a_step_launches(sample_shards, tmp_pa
             "_dc_fwd_kernel", "_dc_bwd_q_kernel", "_dc_bwd_kv_kernel"}
     if trainer.kernels.mlp_tiles:
         want.add("_relu_square_mm_kernel")
+    if trainer.kernels.attn_tiles:
+        want |= {"_attn_fwd_kernel", "_attn_dq_kernel", "_attn_dkdv_kernel"}
     assert {name for thread, name, _ in compiles.done if thread == "kernel_rehearsal"} == want, compiles.done
     with stagebench.KernelCompiles() as compiles:
         tg.train_step(trainer, 0)
