@@ -46,6 +46,14 @@ MUTANTS = {
         ("    last_full = torch.searchsorted(hi, blk, right=True) - 1",
          "    last_full = torch.sort(hi).values[torch.searchsorted(hi, blk, right=True) - 1] * 0 + torch.searchsorted(hi, blk, right=True) - 1")],
         [f"{T}::test_block_masks_are_built_without_sorts_reductions_or_matmuls"]),
+    "window_attention handed k and v swapped": ("train_gpt.py", [
+        ("return window_attention(*flat, mask.first, list(mask.tiles))[0].view(q.shape)",
+         "return window_attention(flat[0], flat[2], flat[1], mask.first, list(mask.tiles))[0].view(q.shape)")],
+        [f"{T}::test_window_mask_hands_window_attention_each_token_and_head"]),
+    "window_attention's output read back with the batch's sequences swapped": ("train_gpt.py", [
+        ("return window_attention(*flat, mask.first, list(mask.tiles))[0].view(q.shape)",
+         "return window_attention(*flat, mask.first, list(mask.tiles))[0].view(q.shape).flip(0)")],
+        [f"{T}::test_window_mask_hands_window_attention_each_token_and_head"]),
     # the model
     "QK-norm removed": ("train_gpt.py", [
         ("return rotary(norm(q), rot.cos, rot.sin, paired, rot.scale), rotary(norm(k), rot.cos, rot.sin, paired)",

@@ -136,6 +136,33 @@ def test_flex_and_sdpa_paths_equal_reference_attention(T, window):
     torch.testing.assert_close(sdpa[0].double(), want, atol=1e-5, rtol=1e-5)
 
 
+def test_window_mask_hands_window_attention_each_token_and_head(monkeypatch):
+    """attention() with a WindowMask (the GPU path of --attn_kernel) gives window_attention the B sequences laid
+    end to end, (B T, heads, head_dim), first as int32 and the launch, and reads its output back in q's shape,
+    for plain and paired-head (interleaved) layouts: with the kernel played by brute-force attention over
+    first[n] <= key <= n, it equals the dense path's SDPA; and on CPU attention_mask stays dense whatever the
+    tiles. (The kernels themselves: tests/interpreted.py and the CUDA tests.)"""
+    def brute_force(q, k, v, first, tiles):
+        assert q.dim() == 3 and first.dtype == torch.int32 and first.numel() == q.size(0)
+        assert tiles == list(tg.KernelSettings(attn_tiles=tg.ATTN_HOPPER_TILES).attn_launch())
+        n = torch.arange(q.size(0))
+        allowed = (n[None, :] <= n[:, None]) & (n[None, :] >= first.long()[:, None])
+        return reference_attention(q, k, v, allowed).float(), None
+    monkeypatch.setattr(tg, "window_attention", brute_force)
+    gen = torch.Generator().manual_seed(0)
+    B, T, H, D = 2, 1024, 2, 16
+    tokens = np.concatenate([token_layouts(T, 1)["random"], token_layouts(T, 2)["block_edges"]])
+    for paired in (False, True):
+        first = first_of(tokens.reshape(B, T), 100, paired)
+        shape = (B, 2 * T, H // 2, D) if paired else (B, T, H, D)
+        q, k, v = (torch.randn(shape, generator=gen) for _ in range(3))
+        mask = tg.WindowMask(first.int(), tg.KernelSettings(attn_tiles=tg.ATTN_HOPPER_TILES).attn_launch())
+        assert torch.equal(tg.attention_mask(first, mask.tiles), tg.dense_attention_mask(first))  # CPU: dense
+        got = tg.attention(q, k, v, mask)
+        assert got.shape == q.shape
+        torch.testing.assert_close(got, tg.attention(q, k, v, tg.attention_mask(first)), atol=1e-5, rtol=1e-5)
+
+
 # ---- the record's 11-layer layout (2026-01-19, value embeddings as of 2026-01-26), written out
 
 RECORD_LONG = {3, 10}
