@@ -5169,6 +5169,11 @@ if triton is not None:
     # ---- window_attention: the attention mask's tiles from first alone (query n sees first[n]..n, first rising)
 
     @triton.jit
+    def _attn_visible(q_pos, k_pos, first):
+        """mask_rule in the kernels: query q_pos sees key k_pos from its first key to itself (broadcast shapes)."""
+        return (k_pos <= q_pos) & (k_pos >= first)
+
+    @triton.jit
     def _attn_fwd_tiles(acc, l_i, m_i, q, rows, f, k_ptr, v_ptr, sk, sv, start, end, D: tl.constexpr,
                         BN: tl.constexpr, MASKED: tl.constexpr):
         """Online softmax over the key tiles start..end (BN apart) for one query tile: scores in base 2, the
@@ -5179,8 +5184,8 @@ if triton is not None:
             k = tl.load(k_ptr + cols[:, None] * sk + d[None, :])
             v = tl.load(v_ptr + cols[:, None] * sv + d[None, :])
             s = tl.dot(q, tl.trans(k)) * 1.4426950408889634  # log2(e): exp2 below
-            if MASKED:  # mask_rule
-                s = tl.where((cols[None, :] <= rows[:, None]) & (cols[None, :] >= f[:, None]), s, float("-inf"))
+            if MASKED:
+                s = tl.where(_attn_visible(rows[:, None], cols[None, :], f[:, None]), s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             p = tl.math.exp2(s - m_new[:, None])
             alpha = tl.math.exp2(m_i - m_new)
@@ -5227,7 +5232,7 @@ if triton is not None:
             v = tl.load(v_ptr + cols[:, None] * sv + d[None, :])
             p = tl.math.exp2(tl.dot(q, tl.trans(k)) * 1.4426950408889634 - lse[:, None])
             if MASKED:
-                p = tl.where((cols[None, :] <= rows[:, None]) & (cols[None, :] >= f[:, None]), p, 0.0)
+                p = tl.where(_attn_visible(rows[:, None], cols[None, :], f[:, None]), p, 0.0)
             ds = p * (tl.dot(g, tl.trans(v)) - delta[:, None])
             dq += tl.dot(ds.to(k.dtype), k)
         return dq
@@ -5268,7 +5273,7 @@ if triton is not None:
             p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * 1.4426950408889634 - lse[None, :])
             if MASKED:
                 f = tl.load(first_ptr + rows)
-                p_t = tl.where((cols[:, None] <= rows[None, :]) & (cols[:, None] >= f[None, :]), p_t, 0.0)
+                p_t = tl.where(_attn_visible(rows[None, :], cols[:, None], f[None, :]), p_t, 0.0)
             dv += tl.dot(p_t.to(g.dtype), g)
             ds_t = p_t * (tl.dot(v, tl.trans(g)) - delta[None, :])
             dk += tl.dot(ds_t.to(q.dtype), q)
