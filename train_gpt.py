@@ -872,6 +872,7 @@ HEAD_GRAD_SCALE = 0.75 / 448
 SOFTCAP, SOFTCAP_SHIFT, SOFTCAP_DIV = 23.0, 5.0, 7.5  # capped logit 23 sigmoid((z + 5) / 7.5) (2025-12-26)
 MTP_TOKENS = 3       # multi-token prediction looks at the next 3 tokens
 EVAL_CHUNK = 16384   # tokens per head call in eval: a 262K-token val sequence's logits would take 52 GB
+HEAD_CHUNK_ROWS = 4096  # rows per logits block of the bf16 head in training (SoftcapHead): about 3.3 GB
 
 
 try:  # Triton comes with CUDA builds of torch; elsewhere every op runs its torch rule
@@ -1611,26 +1612,27 @@ def softcap(z: Tensor) -> Tensor:
 
 
 def softcap_ce_parts(z: Tensor, targets: Tensor, weights: Tensor, seq_len: int = 0,
-                     prefix: Tensor = None) -> tuple[Tensor, Tensor, Tensor]:
-    """The training head's loss by its formula, for logits z (N, vocab) of sequences of seq_len rows laid end to
-    end (0: one sequence) and capped logits c = softcap(z): per row the multi-token loss, sum over k of
-    weights[k] * (logsumexp(c[row]) - c[row, targets[row + k]]) where row + k lies in the row's sequence; the
-    next-token loss (k = 0); and the multi-token loss's grad wrt z, in fp32:
+                     prefix: Tensor = None, row0: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """The training head's loss by its formula, for logits z (n, vocab) of rows row0 .. row0 + n - 1 of the
+    N = len(targets) rows of sequences of seq_len rows laid end to end (0: one sequence) and capped logits
+    c = softcap(z): per row the multi-token loss, sum over k of weights[k] * (logsumexp(c[row]) -
+    c[row, targets[row + k]]) where row + k lies in the row's sequence; the next-token loss (k = 0); and the
+    multi-token loss's grad wrt z, in fp32:
     (sum_k w_k softmax(c) - sum_k w_k onehot(targets[row + k])) * dc/dz, dc/dz = c (1 - c/23) / 7.5. With
     prefix (N,), each row's next token's prefix token or -1 (prefix_tokens), the multi-token loss also holds
     weights[-1] times the cross-entropy against it where there is one."""
-    N = z.size(0)
+    n, N = z.size(0), targets.numel()
     S = seq_len or N
     c = softcap(z)
     lse = torch.logsumexp(c, dim=-1)
-    rows = torch.arange(N, device=z.device)
-    # rows whose k-th next token is in their sequence (and in z, should the last sequence be cut short)
+    rows = torch.arange(row0, row0 + n, device=z.device)
+    # rows whose k-th next token is in their sequence (and in targets, should the last sequence be cut short)
     within = [rows[(rows % S < S - k) & (rows < N - k)] for k in range(len(weights) - (prefix is not None))]
-    terms = [(r, targets[r + k], weights[k].float()) for k, r in enumerate(within)]  # (rows, their targets, weight)
+    terms = [(r - row0, targets[r + k], weights[k].float()) for k, r in enumerate(within)]  # (z's rows, targets, w)
     if prefix is not None:
-        r = rows[prefix >= 0]
-        terms.append((r, prefix[r], weights[-1].float()))
-    loss, weight_sum = c.new_zeros(N), c.new_zeros(N)
+        r = rows[prefix[rows] >= 0]
+        terms.append((r - row0, prefix[r], weights[-1].float()))
+    loss, weight_sum = c.new_zeros(n), c.new_zeros(n)
     for r, target, w in terms:
         loss[r] += w * (lse[r] - c[r, target])
         weight_sum[r] += w
@@ -1638,26 +1640,39 @@ def softcap_ce_parts(z: Tensor, targets: Tensor, weights: Tensor, seq_len: int =
     for r, target, w in terms:
         dz[r, target] -= w
     dz.mul_(c.div(SOFTCAP).neg_().add_(1).mul_(c)).div_(SOFTCAP_DIV)  # c (1 - c/23): one buffer, not three
-    return loss, lse - c[rows, targets], dz
+    return loss, lse - c[rows - row0, targets[rows]], dz
 
 
-class SoftcapCrossEntropy(torch.autograd.Function):
-    """softcap_ce_parts as an autograd op: (multi-token loss, next-token loss) summed over rows; the backward
-    is the formula's grad (the next-token loss carries none). The head's path where FP8 is off."""
+class SoftcapHead(torch.autograd.Function):
+    """The head's path where FP8 is off, from the normed bf16 rows x (N, dim) and the head's weight w (vocab,
+    dim): (multi-token loss, next-token loss) summed over rows, softcap_ce_parts' on the logits mm(x, w.mT),
+    computed HEAD_CHUNK_ROWS rows at a time with their grads wrt x and w, so the logits and their grad never
+    exist for more rows than that (all of a 4-sequence pass's would take 40 GiB: 2026-12-07_paths-h100). The
+    backward scales the grads kept; the next-token loss carries none."""
 
     @staticmethod
-    def forward(ctx, z: Tensor, targets: Tensor, weights: Tensor, seq_len: int = 0, prefix: Tensor = None):
-        loss, ntp, dz = softcap_ce_parts(z, targets, weights, seq_len, prefix)
-        ctx.save_for_backward(dz)
-        ctx.z_dtype = z.dtype
-        ntp = ntp.sum()
+    def forward(ctx, x: Tensor, w: Tensor, targets: Tensor, weights: Tensor, seq_len: int = 0,
+                prefix: Tensor = None, chunk: int = 0):
+        chunk, wb = chunk or HEAD_CHUNK_ROWS, w.bfloat16()
+        loss, ntp = x.new_zeros((), dtype=torch.float32), x.new_zeros((), dtype=torch.float32)
+        dx, dw = torch.empty_like(x), torch.zeros(w.shape, dtype=torch.float32, device=w.device)
+        for a in range(0, x.size(0), chunk):
+            xc = x[a:a + chunk]
+            z = mm(xc, wb.mT)
+            rows_loss, rows_ntp, dz = softcap_ce_parts(z, targets, weights, seq_len, prefix, row0=a)
+            loss, ntp = loss + rows_loss.sum(), ntp + rows_ntp.sum()
+            dz = dz.to(z.dtype)  # the grad a bf16 matmul's backward would get
+            dx[a:a + chunk] = mm(dz, wb)
+            dw += mm(dz.mT, xc).float()
+        ctx.save_for_backward(dx, dw)
+        ctx.w_dtype = w.dtype
         ctx.mark_non_differentiable(ntp)
-        return loss.sum(), ntp
+        return loss, ntp
 
     @staticmethod
     def backward(ctx, grad_loss, _):
-        dz, = ctx.saved_tensors
-        return (dz * grad_loss).to(ctx.z_dtype), None, None, None, None
+        dx, dw = ctx.saved_tensors
+        return dx * grad_loss.to(dx.dtype), (dw * grad_loss).to(ctx.w_dtype), None, None, None, None, None
 
 
 def to_fp8(t: Tensor, scale: float, dtype) -> Tensor:
@@ -1698,7 +1713,7 @@ def head_loss(x: Tensor, head_w: Tensor, targets: Tensor, weights: Tensor, fp8: 
         loss, ntp, _, _ = fp8_head_loss(x, head_w, x_f8, w_f8, targets, weights, seq_len, list(launch), approx,
                                         prefix)
         return loss, ntp
-    return SoftcapCrossEntropy.apply(mm(x, head_w.bfloat16().mT), targets, weights, seq_len, prefix)
+    return SoftcapHead.apply(x, head_w, targets, weights, seq_len, prefix)
 
 
 def eval_loss(x: Tensor, head_w: Tensor, targets: Tensor, chunk: int = EVAL_CHUNK) -> Tensor:
@@ -4040,8 +4055,8 @@ def gpu_error_message(e: Exception, cfg: Hyperparameters):
     """One line for the GPU failures that a flag fixes, or None: any other error keeps its traceback."""
     if isinstance(e, torch.OutOfMemoryError):
         doubled = ",".join(str(2 * n) for n in cfg.batch_seqs)
-        return (f"out of GPU memory with --seq_len {cfg.seq_len}: run fewer sequences per pass (--micro_batch 1), "
-                f"or keep the tokens per step in shorter micro-batches, "
+        return (f"out of GPU memory with --seq_len {cfg.seq_len}: run fewer sequences per pass "
+                f"(--micro_batch 2, or 1), or keep the tokens per step in shorter micro-batches, "
                 f"e.g. --seq_len {cfg.seq_len // 2} --batch_seqs {doubled} (README: GPUs with less memory); in "
                 f"validation, a shorter --val_seq_len")
     if isinstance(e, RuntimeError) and "can't allocate memory" in str(e):  # the CPU allocator

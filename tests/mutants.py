@@ -259,9 +259,16 @@ MUTANTS = {
         ("SOFTCAP, SOFTCAP_SHIFT, SOFTCAP_DIV = 23.0, 5.0, 7.5", "SOFTCAP, SOFTCAP_SHIFT, SOFTCAP_DIV = 23.0, 0.0, 7.5")],
         [REFERENCE, f"{T}::test_softcap_ce_equals_its_formula"]),
     "multi-token targets not shifted": ("train_gpt.py", [
-        ("    terms = [(r, targets[r + k], weights[k].float()) for k, r in enumerate(within)]",
-         "    terms = [(r, targets[r], weights[k].float()) for k, r in enumerate(within)]")],
+        ("    terms = [(r - row0, targets[r + k], weights[k].float()) for k, r in enumerate(within)]",
+         "    terms = [(r - row0, targets[r], weights[k].float()) for k, r in enumerate(within)]")],
         [f"{T}::test_softcap_ce_equals_its_formula", REFERENCE]),
+    "the bf16 head's later chunks read the first chunk's targets": ("train_gpt.py", [
+        ("softcap_ce_parts(z, targets, weights, seq_len, prefix, row0=a)",
+         "softcap_ce_parts(z, targets, weights, seq_len, prefix, row0=0)")],
+        [f"{T}::test_bf16_head_in_row_chunks_equals_the_formula"]),
+    "the bf16 head's weight grad of its last chunk alone": ("train_gpt.py", [
+        ("            dw += mm(dz.mT, xc).float()", "            dw = mm(dz.mT, xc).float()")],
+        [f"{T}::test_bf16_head_in_row_chunks_equals_the_formula"]),
     "lm_head weights' FP8 scale 100x too fine": ("train_gpt.py", [
         ("HEAD_W_SCALE = 1.6 / 448", "HEAD_W_SCALE = 0.016 / 448")],
         ["tests/test_training.py::test_full_width_fp8_head_stays_within_its_scales_while_training"]),

@@ -669,8 +669,8 @@ def ref_head(z: torch.Tensor, targets: torch.Tensor, w: list, prefix: torch.Tens
 @pytest.mark.parametrize("w", [[1.0, 0.5, 0.25], [1.0, 0.2, 0.0], [1.0, 0.0, 0.0]])
 def test_softcap_ce_equals_its_formula(w):
     """Per-row losses and dloss/dz against float64 autograd; the FP8 path's grad is e5m2 in units of
-    HEAD_GRAD_SCALE (2 mantissa bits: about 5% rms rounding), transposed copy included; the bf16 path's
-    autograd op returns the exact grad."""
+    HEAD_GRAD_SCALE (2 mantissa bits: about 5% rms rounding), transposed copy included; the rule the bf16
+    path runs (softcap_ce_parts) returns the exact grad."""
     gen = torch.Generator().manual_seed(0)
     z = (torch.randn(192, 384, generator=gen) * 20).bfloat16()
     targets = torch.randint(0, 384, (192,), generator=gen)
@@ -683,17 +683,15 @@ def test_softcap_ce_equals_its_formula(w):
     exact = want_grad / tg.HEAD_GRAD_SCALE
     assert ((g.double() - exact).norm() / exact.norm()).item() < 0.06
     assert g.dtype == torch.float8_e5m2 and torch.equal(g_t.float(), g.float().T) and g_t.is_contiguous()
-    zf = z.float().requires_grad_()
-    total, next_token = tg.SoftcapCrossEntropy.apply(zf, targets, weights)
-    total.backward()
-    assert total.item() == pytest.approx(want_loss.sum().item(), rel=1e-6)
-    assert next_token.item() == pytest.approx(want_ntp.sum().item(), rel=1e-6) and not next_token.requires_grad
-    torch.testing.assert_close(zf.grad.double(), want_grad, atol=1e-6, rtol=1e-5)
+    loss, ntp, dz = tg.softcap_ce_parts(z, targets, weights)
+    torch.testing.assert_close(loss.double(), want_loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ntp.double(), want_ntp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dz.double(), want_grad, atol=1e-6, rtol=1e-5)
 
 
 def test_softcap_ce_adds_the_prefix_token_loss():
     """With prefix targets (a third of the rows without one) and a 4th weight, the per-row losses and grads
-    against ref_head's float64 autograd, on both the rows function and the autograd op."""
+    against ref_head's float64 autograd, on both the rows function (the FP8 path) and the rule (the bf16 path)."""
     gen = torch.Generator().manual_seed(1)
     z = (torch.randn(192, 384, generator=gen) * 20).bfloat16()
     targets = torch.randint(0, 384, (192,), generator=gen)
@@ -705,11 +703,41 @@ def test_softcap_ce_adds_the_prefix_token_loss():
     torch.testing.assert_close(ntp.double(), want_ntp, atol=1e-5, rtol=1e-5)
     exact = want_grad / tg.HEAD_GRAD_SCALE
     assert ((g.double() - exact).norm() / exact.norm()).item() < 0.06
-    zf = z.float().requires_grad_()
-    total, _ = tg.SoftcapCrossEntropy.apply(zf, targets, weights, 0, prefix)
+    loss, _, dz = tg.softcap_ce_parts(z, targets, weights, 0, prefix)
+    torch.testing.assert_close(loss.double(), want_loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dz.double(), want_grad, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [40, 64, 192])
+def test_bf16_head_in_row_chunks_equals_the_formula(chunk, monkeypatch):
+    """SoftcapHead (the head where FP8 is off) against float64 autograd of ref_head on each of 3 sequences of
+    64 rows, multi-token and prefix terms on: the summed losses, and the grads wrt the rows and the weight
+    (the chain rule through z = x w^T, in float64). Chunks of 40 rows split sequences and end part-way; none
+    of the rule's calls sees more rows than a chunk."""
+    gen = torch.Generator().manual_seed(4)
+    S, V, dim, w = 64, 384, 48, [1.0, 0.5, 0.25]
+    x = torch.randn(3 * S, dim, generator=gen).bfloat16()
+    head_w = (torch.randn(V, dim, generator=gen) * 3).bfloat16()  # logits up to ~+-60: the cap matters
+    targets = torch.randint(0, V, (3 * S,), generator=gen)
+    prefix = torch.where(torch.rand(3 * S, generator=gen) < 1 / 3, -1, torch.randint(0, V, (3 * S,), generator=gen))
+    x64, w64 = x.double(), head_w.double()
+    want_loss, want_ntp, gx, gw = 0.0, 0.0, torch.zeros_like(x64), torch.zeros_like(w64)
+    for b in range(3):
+        rows = slice(b * S, (b + 1) * S)
+        loss, ntp, gz = ref_head(x64[rows] @ w64.T, targets[rows], w, prefix[rows], 0.25)
+        want_loss, want_ntp = want_loss + loss.sum().item(), want_ntp + ntp.sum().item()
+        gx[rows], gw = gz @ w64, gw + gz.T @ x64[rows]
+    seen = []
+    rule = tg.softcap_ce_parts
+    monkeypatch.setattr(tg, "softcap_ce_parts", lambda z, *a, **k: seen.append(z.size(0)) or rule(z, *a, **k))
+    xg, wg = x.clone().requires_grad_(), head_w.clone().requires_grad_()
+    total, next_token = tg.SoftcapHead.apply(xg, wg, targets, torch.tensor(w + [0.25]), S, prefix, chunk)
     total.backward()
-    assert total.item() == pytest.approx(want_loss.sum().item(), rel=1e-6)
-    torch.testing.assert_close(zf.grad.double(), want_grad, atol=1e-6, rtol=1e-5)
+    assert seen == [min(chunk, 3 * S - a) for a in range(0, 3 * S, chunk)]
+    assert total.item() == pytest.approx(want_loss, rel=1e-3) and next_token.item() == pytest.approx(want_ntp, rel=1e-3)
+    assert not next_token.requires_grad and xg.grad.dtype == wg.grad.dtype == torch.bfloat16
+    for got, want in ((xg.grad, gx), (wg.grad, gw)):
+        assert ((got.double() - want).norm() / want.norm()).item() < 0.01
 
 
 def test_prefix_tokens_are_the_longest_proper_prefixes_in_the_vocabulary():
