@@ -4781,13 +4781,15 @@ class KernelRehearsal(threading.Thread):
 
 
 if triton is not None:
+    LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): the kernels' exponentials are base 2 (exp2)
+
     @triton.jit
     def _tanh(x, APPROX: tl.constexpr):
         """tanh in one special-function-unit op (tanh.approx, max relative error 2^-10.99) or, exactly, in two."""
         if APPROX:
             return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
                                              is_pure=True, pack=1)
-        return 2.0 / (1.0 + tl.exp2(x * -2.8853900817779268)) - 1.0  # 2 sigmoid(2x) - 1
+        return 2.0 / (1.0 + tl.exp2(x * (-2.0 * LOG2E))) - 1.0  # 2 sigmoid(2x) - 1
 
     @triton.jit
     def _capped_log2(z_ptr, rows, t, live, V: tl.constexpr, SHIFT: tl.constexpr, DIV: tl.constexpr,
@@ -4808,7 +4810,6 @@ if triton is not None:
         logits lie in (0, CAP), so exp(c - CAP) lies in (e^-CAP, 1] and a sum of them cannot overflow fp32. The
         next 3 tokens' targets (k = 0, 1, 2, those in the row's sequence of S rows) carry weights[k]; with
         PREFIX, each row's prefix token (prefix_ptr, -1 for none) weights[3]."""
-        LOG2E: tl.constexpr = 1.4426950408889634
         HALF_CAP2: tl.constexpr = 0.5 * CAP * LOG2E  # c - CAP in base-2 units, per unit of (t - 1)
         rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)  # offsets pass 2^31
         live = rows < T
@@ -5198,7 +5199,7 @@ if triton is not None:
             cols = n0 + tl.arange(0, BN)
             k = tl.load(k_ptr + cols[:, None] * sk + d[None, :])
             v = tl.load(v_ptr + cols[:, None] * sv + d[None, :])
-            s = tl.dot(q, tl.trans(k)) * 1.4426950408889634  # log2(e): exp2 below
+            s = tl.dot(q, tl.trans(k)) * LOG2E  # exp2 below
             if MASKED:
                 s = tl.where(_attn_visible(rows[:, None], cols[None, :], f[:, None]), s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -5245,7 +5246,7 @@ if triton is not None:
             cols = n0 + tl.arange(0, BN)
             k = tl.load(k_ptr + cols[:, None] * sk + d[None, :])
             v = tl.load(v_ptr + cols[:, None] * sv + d[None, :])
-            p = tl.math.exp2(tl.dot(q, tl.trans(k)) * 1.4426950408889634 - lse[:, None])
+            p = tl.math.exp2(tl.dot(q, tl.trans(k)) * LOG2E - lse[:, None])
             if MASKED:
                 p = tl.where(_attn_visible(rows[:, None], cols[None, :], f[:, None]), p, 0.0)
             ds = p * (tl.dot(g, tl.trans(v)) - delta[:, None])
@@ -5285,7 +5286,7 @@ if triton is not None:
             g = tl.load(g_ptr + rows[:, None] * sg + d[None, :])
             lse = tl.load(lse_ptr + rows * H + h)
             delta = tl.load(delta_ptr + rows * H + h)
-            p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * 1.4426950408889634 - lse[None, :])
+            p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * LOG2E - lse[None, :])
             if MASKED:
                 f = tl.load(first_ptr + rows)
                 p_t = tl.where(_attn_visible(rows[None, :], cols[:, None], f[None, :]), p_t, 0.0)

@@ -483,7 +483,7 @@ W3 = torch.tensor([1.0, 0.5, 0.25])  # multi-token weights of the first steps (t
 
 @pytest.mark.parametrize("shape", [(256, 128), (4, 64, 128)])
 def test_fp8_head_close_to_bf16(shape):
-    """The FP8 head's losses and grads against the bf16 head's (head_loss with fp8=False, plain autograd), for
+    """The FP8 head's losses and grads against the bf16 head's (head_loss with fp8=False: SoftcapHead), for
     one sequence and for four (whose logits the FP8 head makes one sequence at a time)."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(*shape, generator=gen).requires_grad_()
