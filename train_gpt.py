@@ -1643,6 +1643,24 @@ def softcap_ce_parts(z: Tensor, targets: Tensor, weights: Tensor, seq_len: int =
     return loss, lse - c[rows - row0, targets[rows]], dz
 
 
+@torch.compiler.disable  # compiled, the rule would be recompiled for each chunk's first row (a constant)
+def softcap_head_chunks(x: Tensor, w: Tensor, targets: Tensor, weights: Tensor, seq_len: int, prefix: Tensor,
+                        chunk: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """SoftcapHead's forward: (multi-token loss, next-token loss, their grads wrt x and w), chunk rows at a time."""
+    wb = w.bfloat16()
+    loss, ntp = x.new_zeros((), dtype=torch.float32), x.new_zeros((), dtype=torch.float32)
+    dx, dw = torch.empty_like(x), torch.zeros(w.shape, dtype=torch.float32, device=w.device)
+    for a in range(0, x.size(0), chunk):
+        xc = x[a:a + chunk]
+        z = mm(xc, wb.mT)
+        rows_loss, rows_ntp, dz = softcap_ce_parts(z, targets, weights, seq_len, prefix, row0=a)
+        loss, ntp = loss + rows_loss.sum(), ntp + rows_ntp.sum()
+        dz = dz.to(z.dtype)  # the grad a bf16 matmul's backward would get
+        dx[a:a + chunk] = mm(dz, wb)
+        dw += mm(dz.mT, xc).float()
+    return loss, ntp, dx, dw
+
+
 class SoftcapHead(torch.autograd.Function):
     """The head's path where FP8 is off, from the normed bf16 rows x (N, dim) and the head's weight w (vocab,
     dim): (multi-token loss, next-token loss) summed over rows, softcap_ce_parts' on the logits mm(x, w.mT),
@@ -1653,17 +1671,7 @@ class SoftcapHead(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, w: Tensor, targets: Tensor, weights: Tensor, seq_len: int = 0,
                 prefix: Tensor = None, chunk: int = 0):
-        chunk, wb = chunk or HEAD_CHUNK_ROWS, w.bfloat16()
-        loss, ntp = x.new_zeros((), dtype=torch.float32), x.new_zeros((), dtype=torch.float32)
-        dx, dw = torch.empty_like(x), torch.zeros(w.shape, dtype=torch.float32, device=w.device)
-        for a in range(0, x.size(0), chunk):
-            xc = x[a:a + chunk]
-            z = mm(xc, wb.mT)
-            rows_loss, rows_ntp, dz = softcap_ce_parts(z, targets, weights, seq_len, prefix, row0=a)
-            loss, ntp = loss + rows_loss.sum(), ntp + rows_ntp.sum()
-            dz = dz.to(z.dtype)  # the grad a bf16 matmul's backward would get
-            dx[a:a + chunk] = mm(dz, wb)
-            dw += mm(dz.mT, xc).float()
+        loss, ntp, dx, dw = softcap_head_chunks(x, w, targets, weights, seq_len, prefix, chunk or HEAD_CHUNK_ROWS)
         ctx.save_for_backward(dx, dw)
         ctx.w_dtype = w.dtype
         ctx.mark_non_differentiable(ntp)

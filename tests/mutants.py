@@ -266,8 +266,11 @@ MUTANTS = {
         ("softcap_ce_parts(z, targets, weights, seq_len, prefix, row0=a)",
          "softcap_ce_parts(z, targets, weights, seq_len, prefix, row0=0)")],
         [f"{T}::test_bf16_head_in_row_chunks_equals_the_formula"]),
+    "the bf16 head's chunks compiled (a recompile per chunk)": ("train_gpt.py", [
+        ("@torch.compiler.disable  # compiled, the rule", "# compiled, the rule")],
+        [f"{T}::test_compiled_bf16_head_compiles_each_frame_once"]),
     "the bf16 head's weight grad of its last chunk alone": ("train_gpt.py", [
-        ("            dw += mm(dz.mT, xc).float()", "            dw = mm(dz.mT, xc).float()")],
+        ("        dw += mm(dz.mT, xc).float()", "        dw = mm(dz.mT, xc).float()")],
         [f"{T}::test_bf16_head_in_row_chunks_equals_the_formula"]),
     "lm_head weights' FP8 scale 100x too fine": ("train_gpt.py", [
         ("HEAD_W_SCALE = 1.6 / 448", "HEAD_W_SCALE = 0.016 / 448")],

@@ -740,6 +740,27 @@ def test_bf16_head_in_row_chunks_equals_the_formula(chunk, monkeypatch):
         assert ((got.double() - want).norm() / want.norm()).item() < 0.01
 
 
+def test_compiled_bf16_head_compiles_each_frame_once(monkeypatch):
+    """head_loss with FP8 off under torch.compile, as the model runs it, over 4 chunks of rows and twice: no
+    frame is compiled a second time (the chunks' first rows would each recompile the rule), and the loss and
+    grads are the eager ones."""
+    monkeypatch.setattr(tg, "HEAD_CHUNK_ROWS", 50)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 96, 64, generator=gen).requires_grad_()
+    w = (torch.randn(300, 64, generator=gen) * 0.5).bfloat16().requires_grad_()
+    targets, weights = torch.randint(0, 300, (2, 96), generator=gen), torch.tensor([1.0, 0.5, 0.25])
+    want = tg.head_loss(x, w, targets, weights, False)[0]
+    want_grads = torch.autograd.grad(want, (x, w))
+    torch._dynamo.reset()
+    compiled = torch.compile(tg.head_loss, dynamic=False, backend="aot_eager")
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(2):
+            got = compiled(x, w, targets, weights, False)[0]
+            grads = torch.autograd.grad(got, (x, w))
+    torch._dynamo.reset()
+    assert got.item() == want.item() and all(torch.equal(g, h) for g, h in zip(grads, want_grads))
+
+
 def test_prefix_tokens_are_the_longest_proper_prefixes_in_the_vocabulary():
     """prefix_tokens against GPT-2's byte strings read here from the shipped ranks, by another algorithm: in
     sorted order a token follows every prefix of it, so the tokens that prefix the current one are a stack.
