@@ -1626,24 +1626,24 @@ def softcap_ce_parts(z: Tensor, targets: Tensor, weights: Tensor, seq_len: int =
     c = softcap(z)
     lse = torch.logsumexp(c, dim=-1)
     rows = torch.arange(row0, row0 + n, device=z.device)
-    # rows whose k-th next token is in their sequence (and in targets, should the last sequence be cut short)
-    within = [rows[(rows % S < S - k) & (rows < N - k)] for k in range(len(weights) - (prefix is not None))]
-    terms = [(r - row0, targets[r + k], weights[k].float()) for k, r in enumerate(within)]  # (z's rows, targets, w)
+    # per term, each row's target and weight: 0 where the row's k-th next token is past its sequence (or past
+    # targets, should the last sequence be cut short); masks, not a gather of rows, so the GPU never waits
+    terms = [(targets[(rows + k).clamp(max=N - 1)], weights[k].float() * ((rows % S < S - k) & (rows < N - k)))
+             for k in range(len(weights) - (prefix is not None))]
     if prefix is not None:
-        r = rows[prefix[rows] >= 0]
-        terms.append((r - row0, prefix[r], weights[-1].float()))
+        terms.append((prefix[rows].clamp(min=0), weights[-1].float() * (prefix[rows] >= 0)))
     loss, weight_sum = c.new_zeros(n), c.new_zeros(n)
-    for r, target, w in terms:
-        loss[r] += w * (lse[r] - c[r, target])
-        weight_sum[r] += w
+    for target, w in terms:
+        loss += w * (lse - c.gather(1, target[:, None])[:, 0])
+        weight_sum += w
     dz = (c - lse[:, None]).exp_().mul_(weight_sum[:, None])
-    for r, target, w in terms:
-        dz[r, target] -= w
+    for target, w in terms:
+        dz.scatter_add_(1, target[:, None], -w[:, None])
     dz.mul_(c.div(SOFTCAP).neg_().add_(1).mul_(c)).div_(SOFTCAP_DIV)  # c (1 - c/23): one buffer, not three
-    return loss, lse - c[rows - row0, targets[rows]], dz
+    return loss, lse - c.gather(1, targets[rows][:, None])[:, 0], dz
 
 
-@torch.compiler.disable  # compiled, the rule would be recompiled for each chunk's first row (a constant)
+@torch.compiler.disable  # traced, the loop unrolls into a slow-to-compile graph that rounds unlike the rule
 def softcap_head_chunks(x: Tensor, w: Tensor, targets: Tensor, weights: Tensor, seq_len: int, prefix: Tensor,
                         chunk: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """SoftcapHead's forward: (multi-token loss, next-token loss, their grads wrt x and w), chunk rows at a time."""
