@@ -1631,7 +1631,8 @@ def softcap_ce_parts(z: Tensor, targets: Tensor, weights: Tensor, seq_len: int =
     terms = [(targets[(rows + k).clamp(max=N - 1)], weights[k].float() * ((rows % S < S - k) & (rows < N - k)))
              for k in range(len(weights) - (prefix is not None))]
     if prefix is not None:
-        terms.append((prefix[rows].clamp(min=0), weights[-1].float() * (prefix[rows] >= 0)))
+        p = prefix[rows]
+        terms.append((p.clamp(min=0), weights[-1].float() * (p >= 0)))
     loss, weight_sum = c.new_zeros(n), c.new_zeros(n)
     for target, w in terms:
         loss += w * (lse - c.gather(1, target[:, None])[:, 0])

@@ -304,6 +304,8 @@ def test_benches_import_run_their_parsers_and_agree_on_the_bench():
     recipe = (bench / "recipe.sh").read_text()
     assert " ".join(stepbench.SCALED) in recipe.replace("(", " ").replace(")", " ").replace("\n", " ") or \
         all(flag in recipe for flag in stepbench.SCALED)
+    queue = " ".join((bench / "proxyqueue.sh").read_text().split())  # the device calls' proxy runs: the same steps
+    assert " ".join(stepbench.SCALED) in queue
     for script in sorted(bench.glob("*.sh")):
         assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, script
     for script in sorted(bench.glob("*.py")):
