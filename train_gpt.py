@@ -1646,17 +1646,25 @@ def softcap_ce_parts(z: Tensor, targets: Tensor, weights: Tensor, seq_len: int =
 
 @torch.compiler.disable  # traced, the loop unrolls into a slow-to-compile graph that rounds unlike the rule
 def softcap_head_chunks(x: Tensor, w: Tensor, targets: Tensor, weights: Tensor, seq_len: int, prefix: Tensor,
-                        chunk: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """SoftcapHead's forward: (multi-token loss, next-token loss, their grads wrt x and w), chunk rows at a time."""
+                        chunk: int, launch=(8, 512, 8), approx: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """SoftcapHead's forward: (multi-token loss, next-token loss, their grads wrt x and w), chunk rows at a time.
+    On GPU each chunk's loss and grad come from the FP8 head's kernel (launch, approx: its settings), the grad
+    written in bf16 over the logits it read; eager, the rule's fifteen passes over them made the Ampere-like
+    path's step 2.9x the default's (records/2026-12-07_sm86-caps-h100)."""
     wb = w.bfloat16()
     loss, ntp = x.new_zeros((), dtype=torch.float32), x.new_zeros((), dtype=torch.float32)
     dx, dw = torch.empty_like(x), torch.zeros(w.shape, dtype=torch.float32, device=w.device)
     for a in range(0, x.size(0), chunk):
         xc = x[a:a + chunk]
         z = mm(xc, wb.mT)
-        rows_loss, rows_ntp, dz = softcap_ce_parts(z, targets, weights, seq_len, prefix, row0=a)
+        if on_gpu(z):  # in place: each of its programs reads a tile of z before it writes that tile's grad
+            per_row = torch.empty(2, z.size(0), device=z.device)
+            rows_loss, rows_ntp, dz = _softcap_ce_cuda(z, targets, weights, 1.0, launch, approx,
+                                                       seq_len or len(targets), (*per_row, z), prefix, row0=a)
+        else:
+            rows_loss, rows_ntp, dz = softcap_ce_parts(z, targets, weights, seq_len, prefix, row0=a)
+            dz = dz.to(z.dtype)  # the grad a bf16 matmul's backward would get
         loss, ntp = loss + rows_loss.sum(), ntp + rows_ntp.sum()
-        dz = dz.to(z.dtype)  # the grad a bf16 matmul's backward would get
         dx[a:a + chunk] = mm(dz, wb)
         dw += mm(dz.mT, xc).float()
     return loss, ntp, dx, dw
@@ -1667,12 +1675,14 @@ class SoftcapHead(torch.autograd.Function):
     dim): (multi-token loss, next-token loss) summed over rows, softcap_ce_parts' on the logits mm(x, w.mT),
     computed HEAD_CHUNK_ROWS rows at a time with their grads wrt x and w, so the logits and their grad never
     exist for more rows than that (all of a 4-sequence pass's would take 40 GiB: 2026-12-07_paths-h100). The
-    backward scales the grads kept; the next-token loss carries none."""
+    backward scales the grads kept; the next-token loss carries none. launch, approx: the CE kernel's settings
+    (softcap_head_chunks)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, w: Tensor, targets: Tensor, weights: Tensor, seq_len: int = 0,
-                prefix: Tensor = None, chunk: int = 0):
-        loss, ntp, dx, dw = softcap_head_chunks(x, w, targets, weights, seq_len, prefix, chunk or HEAD_CHUNK_ROWS)
+                prefix: Tensor = None, chunk: int = 0, launch=(8, 512, 8), approx: bool = True):
+        loss, ntp, dx, dw = softcap_head_chunks(x, w, targets, weights, seq_len, prefix, chunk or HEAD_CHUNK_ROWS,
+                                                launch, approx)
         ctx.save_for_backward(dx, dw)
         ctx.w_dtype = w.dtype
         ctx.mark_non_differentiable(ntp)
@@ -1681,7 +1691,7 @@ class SoftcapHead(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, _):
         dx, dw = ctx.saved_tensors
-        return dx * grad_loss.to(dx.dtype), (dw * grad_loss).to(ctx.w_dtype), None, None, None, None, None
+        return dx * grad_loss.to(dx.dtype), (dw * grad_loss).to(ctx.w_dtype), *[None] * 7
 
 
 def to_fp8(t: Tensor, scale: float, dtype) -> Tensor:
@@ -1710,9 +1720,9 @@ def head_loss(x: Tensor, head_w: Tensor, targets: Tensor, weights: Tensor, fp8: 
     """The training head on the last layer's output x (..., T, dim), sequences of T tokens: rms-norm, logits,
     soft cap, then (multi-token loss to backpropagate, next-token loss), each summed over tokens; targets of
     the next tokens do not reach past a sequence's end. The sum, not the mean, keeps each logit's grad within
-    +-1.75, the range HEAD_GRAD_SCALE assumes; both optimizers ignore the loss's scale. launch and approx: the
-    FP8 path's kernel settings (KernelSettings). prefix: the targets' prefix tokens (softcap_ce_parts), whose
-    loss weights[-1] weighs."""
+    +-1.75, the range HEAD_GRAD_SCALE assumes; both optimizers ignore the loss's scale. launch and approx:
+    the kernel settings (KernelSettings) of the CE kernel (both paths, on GPU) and the FP8 grads' transposes.
+    prefix: the targets' prefix tokens (softcap_ce_parts), whose loss weights[-1] weighs."""
     seq_len = x.size(-2)
     x, targets = norm(x.flatten(0, -2)).bfloat16(), targets.flatten()
     prefix = None if prefix is None else prefix.flatten()
@@ -1722,7 +1732,7 @@ def head_loss(x: Tensor, head_w: Tensor, targets: Tensor, weights: Tensor, fp8: 
         loss, ntp, _, _ = fp8_head_loss(x, head_w, x_f8, w_f8, targets, weights, seq_len, list(launch), approx,
                                         prefix)
         return loss, ntp
-    return SoftcapHead.apply(x, head_w, targets, weights, seq_len, prefix)
+    return SoftcapHead.apply(x, head_w, targets, weights, seq_len, prefix, 0, tuple(launch[:3]), approx)
 
 
 def eval_loss(x: Tensor, head_w: Tensor, targets: Tensor, chunk: int = EVAL_CHUNK) -> Tensor:
@@ -4704,16 +4714,18 @@ dc_mix.register_autograd(_dc_grad, setup_context=_dc_setup)
 
 
 def _softcap_ce_cuda(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float, launch, approx: bool,
-                     seq_len: int, out: tuple = None, prefix: Tensor = None):
+                     seq_len: int, out: tuple = None, prefix: Tensor = None, row0: int = 0):
     T, V = z.shape
     loss, ntp, g = out or ce_outputs(T, V, z.device)
     block_t, block_v, warps = launch
     assert weights.numel() == MTP_TOKENS + (prefix is not None) and weights.dtype == torch.float32
-    assert all(t.is_contiguous() for t in (loss, ntp, g)) and g.shape == z.shape
-    _softcap_ce_kernel[(triton.cdiv(T, block_t),)](z, targets, weights.contiguous(), loss, ntp, g, T, seq_len,
-                                                   1 / grad_s, targets if prefix is None else prefix.contiguous(),
+    assert all(t.is_contiguous() for t in (loss, ntp, g, targets)) and g.shape == z.shape
+    top = E5M2_MAX if g.dtype == torch.float8_e5m2 else torch.finfo(g.dtype).max  # e5m2 saturates, not NaN
+    _softcap_ce_kernel[(triton.cdiv(T, block_t),)](z, targets, weights.contiguous(), loss, ntp, g, T, targets.numel(),
+                                                   row0, seq_len, 1 / grad_s,
+                                                   targets if prefix is None else prefix.contiguous(),
                                                    V=V, CAP=SOFTCAP, SHIFT=SOFTCAP_SHIFT, DIV=SOFTCAP_DIV,
-                                                   TOP=E5M2_MAX, BLOCK_T=block_t, BLOCK_V=block_v, APPROX=approx,
+                                                   TOP=top, BLOCK_T=block_t, BLOCK_V=block_v, APPROX=approx,
                                                    PREFIX=prefix is not None, num_warps=warps)
     return loss, ntp, g
 
@@ -4766,6 +4778,14 @@ def rehearse_kernels(trainer: "Trainer"):
             weights = torch.zeros(MTP_TOKENS + (prefix is not None), device=device)
             *_, g, g_t = fp8_head_loss(x, w, x_f8, w_f8, targets, weights, T, launch, settings.ce_tanh_approx, prefix)
             fp8_mm_backward(g, g_t, x_f8, w_f8, launch)
+        else:  # the bf16 head's variant of the CE kernel (bf16 grad), on one chunk of rows (softcap_head_chunks)
+            rows = min(HEAD_CHUNK_ROWS, B * T)
+            z, per_row = zeros(rows, V), torch.zeros(2, rows, device=device)
+            targets = torch.zeros(B * T, dtype=torch.long, device=device)
+            prefix = targets if model.prefix_table is not None else None
+            weights = torch.zeros(MTP_TOKENS + (prefix is not None), device=device)
+            _softcap_ce_cuda(z, targets, weights, 1.0, settings.head_launch()[:3], settings.ce_tanh_approx, T,
+                             (*per_row, z), prefix)
 
 
 class KernelRehearsal(threading.Thread):
@@ -4808,12 +4828,14 @@ if triton is not None:
         return (_tanh((z + SHIFT) * (0.5 / DIV), APPROX) + 1.0) * HALF_CAP2
 
     @triton.jit
-    def _softcap_ce_kernel(z_ptr, targets_ptr, weights_ptr, loss_ptr, ntp_ptr, g_ptr, T, S, inv_grad_s, prefix_ptr,
+    def _softcap_ce_kernel(z_ptr, targets_ptr, weights_ptr, loss_ptr, ntp_ptr, g_ptr, T, N, row0, S, inv_grad_s,
+                           prefix_ptr,
                            V: tl.constexpr, CAP: tl.constexpr, SHIFT: tl.constexpr, DIV: tl.constexpr,
                            TOP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, APPROX: tl.constexpr,
                            PREFIX: tl.constexpr):
         """Rows [pid*BLOCK_T, +BLOCK_T) of softcap_ce_rows: a pass over the vocab for the log-sum-exp, a second
-        that writes each (BLOCK_T x BLOCK_V) tile of the e5m2 grad. The cap is written with tanh,
+        that writes each (BLOCK_T x BLOCK_V) tile of the grad (e5m2 or bf16: g's dtype). Row r of z's T rows is
+        row row0 + r of the N rows that targets (and prefix) hold, sequences of S rows end to end. The cap is written with tanh,
         sigmoid(u) = (1 + tanh(u/2)) / 2, so c - CAP = CAP/2 (t - 1) and dc/dz = CAP/(4 DIV) (1 - t^2).
         Exponentials are base 2 with log2(e) folded into the constants, and no running max is kept: the capped
         logits lie in (0, CAP), so exp(c - CAP) lies in (e^-CAP, 1] and a sum of them cannot overflow fp32. The
@@ -4822,6 +4844,7 @@ if triton is not None:
         HALF_CAP2: tl.constexpr = 0.5 * CAP * LOG2E  # c - CAP in base-2 units, per unit of (t - 1)
         rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)  # offsets pass 2^31
         live = rows < T
+        pos = rows + row0  # the row's index into targets, and so its place in its sequence
         s = tl.zeros((BLOCK_T,), tl.float32)
         for v0 in range(0, V, BLOCK_V):
             cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
@@ -4830,11 +4853,11 @@ if triton is not None:
             th = _tanh((z + SHIFT) * (0.5 / DIV), APPROX)
             s += tl.sum(tl.where(inside, tl.exp2(th * HALF_CAP2 - HALF_CAP2), 0.0), axis=1)  # exp(c - CAP)
         lse2 = CAP * LOG2E + tl.log2(s)  # log2 of sum(exp(c))
-        live1 = live & (rows % S + 1 < S) & (rows + 1 < T)
-        live2 = live & (rows % S + 2 < S) & (rows + 2 < T)
-        t0 = tl.load(targets_ptr + rows, mask=live, other=0).to(tl.int64)
-        t1 = tl.load(targets_ptr + rows + 1, mask=live1, other=-1).to(tl.int64)
-        t2 = tl.load(targets_ptr + rows + 2, mask=live2, other=-1).to(tl.int64)
+        live1 = live & (pos % S + 1 < S) & (pos + 1 < N)
+        live2 = live & (pos % S + 2 < S) & (pos + 2 < N)
+        t0 = tl.load(targets_ptr + pos, mask=live, other=0).to(tl.int64)
+        t1 = tl.load(targets_ptr + pos + 1, mask=live1, other=-1).to(tl.int64)
+        t2 = tl.load(targets_ptr + pos + 2, mask=live2, other=-1).to(tl.int64)
         w0 = tl.load(weights_ptr)
         w1 = tl.where(live1, tl.load(weights_ptr + 1), 0.0)
         w2 = tl.where(live2, tl.load(weights_ptr + 2), 0.0)
@@ -4845,7 +4868,7 @@ if triton is not None:
         loss = w0 * (lse2 - c0) + w1 * (lse2 - c1) + w2 * (lse2 - c2)
         weight_sum = w0 + w1 + w2
         if PREFIX:
-            tp = tl.load(prefix_ptr + rows, mask=live, other=-1).to(tl.int64)
+            tp = tl.load(prefix_ptr + pos, mask=live, other=-1).to(tl.int64)
             livep = live & (tp >= 0)
             wp = tl.where(livep, tl.load(weights_ptr + 3), 0.0)
             loss += wp * (lse2 - _capped_log2(z_ptr, rows, tp, livep, V, SHIFT, DIV, HALF_CAP2, APPROX))
@@ -4863,7 +4886,7 @@ if triton is not None:
             if PREFIX:
                 dc -= tl.where(cols[None, :] == tp[:, None], wp[:, None], 0.0)
             g = dc * (1.0 - th * th) * (inv_grad_s * CAP / (4.0 * DIV))
-            g = tl.minimum(tl.maximum(g, -TOP), TOP).to(tl.float8e5)
+            g = tl.minimum(tl.maximum(g, -TOP), TOP).to(g_ptr.dtype.element_ty)
             tl.store(g_ptr + rows[:, None] * V + cols[None, :], g, mask=inside)
 
     @triton.jit

@@ -14,7 +14,9 @@ it) and numpy<2 (the interpreter's scalars). Not run by pytest: the interpreter 
    sequences of documents, at DC's window (112), a short one and the longest (128), with the key side's heads
    in each program and in a grid of their own (DC_KV_HEADS_IN_GRID);
 4. the softcapped cross-entropy kernel on fp32 logits, with and without the prefix-token term, against the
-   rule (softcap_ce_parts): losses to 1e-5, the e5m2 grad within its rounding of the rule's;
+   rule (softcap_ce_parts): losses to 1e-5, the e5m2 grad within its rounding of the rule's; launched on rows
+   that start part-way into a sequence (the bf16 head's chunks), the fp32 grad to 1e-5; and the bf16 head
+   (softcap_head_chunks) with its chunks through the kernel against the rule's: losses and grads;
 5. the fused ReLU^2 kernel's FP8 forward for --fp8_down (its tile, and a candidate of 4 stages in 4 column
    blocks), persistent programs of two tiles each, against the op's torch path: post within bf16's rounding
    (the interpreter's bf16 is its own), the largest value exactly the kernel's post's, and the e4m3 copy
@@ -75,7 +77,9 @@ def dc_kernel_cases(heads_in_grid: bool = False):
 
 
 def ce_kernel_cases():
-    """(what, largest loss difference, the grads' relative difference) of the CE kernel against the rule."""
+    """(what, largest loss difference, the grads' relative difference, its bound) of the CE kernel against the
+    rule: the FP8 head's launches (e5m2 grad: 2 mantissa bits, about 5% rms), and the bf16 head's, a chunk of
+    rows that starts part-way into a sequence (row0), with the grad in fp32 here."""
     gen = torch.Generator().manual_seed(0)
     T, V = 64, 500  # a vocab that is no multiple of the tile: the last tile's columns are masked
     z = torch.randn(T, V, generator=gen) * 5
@@ -87,7 +91,36 @@ def ce_kernel_cases():
         want_loss, want_ntp, dz = tg.softcap_ce_parts(z, targets, w, 32, pre)
         far = max((loss - want_loss).abs().max().item(), (ntp - want_ntp).abs().max().item())
         exact = dz / tg.HEAD_GRAD_SCALE
-        yield name, far, ((g.float() - exact).norm() / exact.norm()).item()
+        yield name, far, ((g.float() - exact).norm() / exact.norm()).item(), 0.06
+    w = torch.tensor([1.0, 0.5, 0.25, 0.25])
+    for row0, rows, n in ((20, 25, T), (40, 20, 60)):  # rows 20-44 cross a sequence's end; 40-59 end where
+        zc = z[row0:row0 + rows].clone()               # targets do, 4 rows short of their sequence's end
+        out = (torch.empty(rows), torch.empty(rows), torch.empty(rows, V))
+        loss, ntp, g = tg._softcap_ce_cuda(zc, targets[:n], w, 1.0, (8, 128, 4), False, 32, out, prefix[:n],
+                                           row0=row0)
+        want_loss, want_ntp, dz = tg.softcap_ce_parts(zc, targets[:n], w, 32, prefix[:n], row0=row0)
+        far = max((loss - want_loss).abs().max().item(), (ntp - want_ntp).abs().max().item())
+        yield f"CE + prefix, rows {row0}..{row0 + rows - 1} alone", far, ((g - dz).norm() / dz.norm()).item(), 1e-5
+
+
+def bf16_head_case() -> tuple[float, float]:
+    """softcap_head_chunks (the bf16 head) with its chunks through the CE kernel, the grad written in bf16 over
+    the logits, against the rule's chunks: (largest relative difference of the two losses, of the grads wrt
+    the rows and the weight). 96 rows in sequences of 32, chunks of 40 rows, the prefix term on."""
+    gen = torch.Generator().manual_seed(1)
+    N, S, V, dim = 96, 32, 500, 16
+    x = torch.randn(N, dim, generator=gen).bfloat16()
+    w = (torch.randn(V, dim, generator=gen) * 2).bfloat16()
+    targets = torch.randint(0, V, (N,), generator=gen)
+    prefix = torch.where(torch.rand(N, generator=gen) < 0.3, -1, torch.randint(0, V, (N,), generator=gen))
+    weights = torch.tensor([1.0, 0.5, 0.25, 0.25])
+    on_gpu, results = tg.on_gpu, []
+    for kernel in (True, False):
+        tg.on_gpu = lambda t: kernel
+        results.append(tg.softcap_head_chunks(x, w, targets, weights, S, prefix, 40, (8, 128, 4), False))
+    tg.on_gpu = on_gpu
+    rel = [((a.double() - b.double()).norm() / b.double().norm()).item() for a, b in zip(*results)]
+    return max(rel[:2]), max(rel[2:])
 
 
 def relu_square_fp8_down_cases():
@@ -159,10 +192,15 @@ def main() -> int:
     failed += not ok
     print(f"{'ok  ' if ok else 'FAIL'} tiny run, kernels against rules: {len(kernels)} steps, losses at most "
           f"{far:.4f} apart")
-    for what, far, rel in ce_kernel_cases():
-        ok = far <= 1e-5 and rel < 0.06  # e5m2's 2 mantissa bits: about 5% rms
+    for what, far, rel, bound in ce_kernel_cases():
+        ok = far <= 1e-5 and rel < bound
         failed += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} {what} kernel: losses {far:.1e} apart, grad {rel:.3f} from the rule's")
+        print(f"{'ok  ' if ok else 'FAIL'} {what} kernel: losses {far:.1e} apart, grad {rel:.1e} from the rule's")
+    losses_rel, grads_rel = bf16_head_case()
+    ok = losses_rel < 1e-5 and grads_rel < 0.01  # the grads: bf16's rounding, through two matmuls
+    failed += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} bf16 head's chunks through the CE kernel: losses {losses_rel:.1e} from the "
+          f"rule's, grads {grads_rel:.1e}")
     for tile, rel, top_ok, off, equal in relu_square_fp8_down_cases():
         ok = rel < 0.02 and top_ok and off == 0 and equal > 0.99
         failed += not ok

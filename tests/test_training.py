@@ -653,6 +653,32 @@ def test_cuda_softcap_ce_kernel_masks_the_vocab_tail():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_bf16_head_runs_the_kernel_on_its_chunks():
+    """SoftcapHead (the head where FP8 is off) on GPU, where each chunk of rows goes through the CE kernel (its
+    grad written in bf16 over the logits), against the same head on CPU, where the rule (softcap_ce_parts)
+    runs: chunks of 700 rows split 3 sequences of 1,000, the prefix term on, the exact tanh. The losses as
+    the rule's, the grads within bf16's rounding."""
+    gen = torch.Generator().manual_seed(6)
+    S, V, dim = 1000, 50304, 64
+    x = torch.randn(3 * S, dim, generator=gen).bfloat16()
+    w = (torch.randn(V, dim, generator=gen) * 0.5).bfloat16()
+    targets = torch.randint(0, 50257, (3 * S,), generator=gen)
+    prefix = torch.tensor(tg.prefix_tokens(V))[targets]
+    weights = torch.tensor([1.0, 0.5, 0.25, 0.25])
+    got, want = [], []
+    for device, out in (("cuda", got), ("cpu", want)):
+        xg, wg = x.to(device).requires_grad_(), w.to(device).requires_grad_()
+        loss, ntp = tg.SoftcapHead.apply(xg, wg, targets.to(device), weights.to(device), S, prefix.to(device), 700,
+                                         (8, 512, 8), False)
+        loss.backward()
+        out += [t.detach().cpu().double() for t in (loss, ntp, xg.grad, wg.grad)]
+    for a, b in zip(got[:2], want[:2]):
+        assert a.item() == pytest.approx(b.item(), rel=1e-5)
+    for a, b in zip(got[2:], want[2:]):
+        assert ((a - b).norm() / b.norm()).item() < 1e-2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_softcap_ce_kernel_at_the_training_shape():
     """At 49,152 tokens x 50,304 the transposed grad's offsets pass 2^31: every element of it must be the
     row-major grad's transpose, and sampled rows must match the torch rule."""
@@ -1271,26 +1297,27 @@ OPTIMIZER_KERNELS = {"_add_into_fp32_kernel", "_add_rows_into_fp32_kernel", "_ad
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("attn_kernel", ["0", "1"])
-def test_cuda_rehearsal_builds_the_kernels_a_step_launches(sample_shards, tmp_path, attn_kernel):
+@pytest.mark.parametrize("attn_kernel,fp8_head", [("0", "1"), ("1", "1"), ("1", "0")])
+def test_cuda_rehearsal_builds_the_kernels_a_step_launches(sample_shards, tmp_path, attn_kernel, fp8_head):
     """rehearse_kernels launches each of the model's hand-written kernels as a training step does, so Triton
     compiles each once: with its in-memory caches emptied, the rehearsal's thread compiles the forward's and
     backward's kernels, and a train step after it compiles none of them again, only the optimizer's (each
-    compile seen by the stage bench's KernelCompiles)."""
+    compile seen by the stage bench's KernelCompiles). With FP8 off, the bf16 head's variant of the CE kernel
+    (a bf16 grad), and no transposes."""
     from triton.runtime.jit import JITFunction
     stagebench = load_script("stagebench", "records/bench/stagebench.py")
     for fn in vars(tg).values():
         if isinstance(fn, JITFunction):
             fn.device_caches.clear()
     trainer = tg.build(tg.parse_args(tiny_args(sample_shards, tmp_path, "--device", "cuda", "--compile", "0",
-                                               "--fp8_head", "1", "--fp8_mlp", "1", "--num_steps", "2",
+                                               "--fp8_head", fp8_head, "--fp8_mlp", "1", "--num_steps", "2",
                                                "--attn_kernel", attn_kernel)))
     with stagebench.KernelCompiles() as compiles:
         rehearsal = tg.KernelRehearsal(trainer)
         rehearsal.finish()
     assert rehearsal.error is None, rehearsal.error
-    want = {"_qk_norm_rotary_fwd", "_qk_norm_rotary_bwd", "_softcap_ce_kernel", "_transpose_bytes_kernel",
-            "_dc_fwd_kernel", "_dc_bwd_q_kernel", "_dc_bwd_kv_kernel"}
+    want = {"_qk_norm_rotary_fwd", "_qk_norm_rotary_bwd", "_softcap_ce_kernel", "_dc_fwd_kernel", "_dc_bwd_q_kernel",
+            "_dc_bwd_kv_kernel"} | ({"_transpose_bytes_kernel"} if fp8_head == "1" else set())
     if trainer.kernels.mlp_tiles:
         want.add("_relu_square_mm_kernel")
     if trainer.kernels.attn_tiles:
