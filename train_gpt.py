@@ -646,6 +646,9 @@ def check_config(cfg: Hyperparameters):
     for name in ["cooldown_frac", "split_embed_frac"]:
         if not 0 <= getattr(cfg, name) <= 1:
             raise UserError(f"--{name} must be within 0..1 (it is {getattr(cfg, name)})")
+    if cfg.resume and not os.path.isfile(cfg.resume):  # before the GPU check: its settings (--device too) are unread
+        raise UserError(f"cannot read checkpoint {cfg.resume}: no such file. A run writes its checkpoints beside its "
+                        f"log, as <run_id>_stepNNNNNN.pt (with --save_every or --stop_at)")
 
 
 def check_layout(cfg: Hyperparameters):

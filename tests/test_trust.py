@@ -184,6 +184,16 @@ def test_unreadable_checkpoints_are_refused_in_one_line(sample_shards, run6, tmp
         assert "\n" not in str(e.value) and str(e.value).startswith("error: ")
 
 
+def test_a_missing_checkpoint_is_named_before_the_gpu(tmp_path, monkeypatch):
+    """--resume alone takes its settings, --device among them, from the checkpoint: a path that names no file is
+    the error, on a machine with or without a GPU, not the GPU check of the defaults it fell back to."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="cannot read checkpoint missing.pt: no such file") as e:
+        tg.main(["--resume", "missing.pt"])
+    assert "\n" not in str(e.value) and "GPU" not in str(e.value)
+    assert list(tmp_path.iterdir()) == []  # no log folder left behind
+
+
 class _RunsCode:
     """A pickled object whose unpickling would create a folder: what a malicious checkpoint could do."""
 
