@@ -655,7 +655,10 @@ def run_command(args) -> str:
     if args.cmd == "bench":
         try:
             return bench(args.ours, args.baseline, args.peak_tflops) + "\n"
-        except (LogFormatError, OSError) as e:
+        except OSError as e:  # a path that is not a readable file: say which, without errno's prefix
+            raise ToolError(f"{e.filename}: {'no such file' if isinstance(e, FileNotFoundError) else e.strerror}"
+                            ) from None
+        except LogFormatError as e:
             raise ToolError(str(e)) from None
     (RECORDS / "README.md").write_text(readme())
     return f"wrote {RECORDS / 'README.md'}\n"

@@ -69,7 +69,7 @@ def fineweb_config():
 def test_logs_that_cannot_be_used_are_refused_not_skipped(tmp_path, capsys):
     """A log with a source but no val line, or step lines without a source, makes a statistic refuse in one line
     and exit non-zero; so do an empty, a missing or a garbage folder. plot says what it skipped, and refuses when
-    nothing is left; diff and source refuse what is not a log."""
+    nothing is left; diff, source and bench refuse what is not a log, naming the path."""
     fake_log(tmp_path / "good.txt", [(0, 10.8, 0), (125, 3.9, 80_000)])
     fake_log(tmp_path / "nostart.txt", [], extra=["error: no shards match"])  # failed before its first step
     for argv in (["summary", str(tmp_path)], ["compare", str(tmp_path), str(tmp_path)]):
@@ -94,7 +94,9 @@ def test_logs_that_cannot_be_used_are_refused_not_skipped(tmp_path, capsys):
                        (["diff", str(tmp_path / "missing.txt")], "no such file"),
                        (["diff", str(tmp_path)], "is a folder"),
                        (["diff", str(tmp_path / "good.txt"), "--against", str(garbage / "x.txt")], "not a text file"),
-                       (["source", str(tmp_path / "broken.txt"), "-o", str(tmp_path / "s.py")], "no embedded source")]:
+                       (["source", str(tmp_path / "broken.txt"), "-o", str(tmp_path / "s.py")], "no embedded source"),
+                       (["bench", str(tmp_path / "missing.txt"), str(tmp_path / "good.txt")], "missing.txt: no such file"),
+                       (["bench", str(tmp_path), str(tmp_path / "good.txt")], "Is a directory")]:
         assert tool.main(argv) == 1, argv
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1 and says in err, (argv, err)
