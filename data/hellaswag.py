@@ -48,9 +48,16 @@ def main(argv=None) -> int:
         return 0
     made = missing_folders(args.out.parent)
     tmp = args.out.with_name(f".{args.out.name}.{os.getpid()}.tmp")
+    try:  # where it goes first: a folder that cannot be written is not the network's fault
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        open(tmp, "wb").close()
+    except OSError as e:
+        remove_empty(made)
+        print(f"error: cannot write {args.out} ({e.strerror or e}: {e.filename}): pass --out with a writable path",
+              file=sys.stderr)
+        return 1
     why = ""
     try:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         with urllib.request.urlopen(args.url, timeout=30) as response, open(tmp, "wb") as f:
             while chunk := response.read(1 << 20):
                 f.write(chunk)

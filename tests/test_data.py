@@ -174,7 +174,7 @@ hellaswag = load_script("data_hellaswag", "data/hellaswag.py")
 def test_hellaswag_download_is_whole_or_absent(tmp_path, monkeypatch, capsys):
     """data/hellaswag.py: offline, one line and nothing left (no folder, no partial file); a short file is
     refused the same way; the whole split (here the fixture's items repeated to 10,042 lines) is written and
-    then kept."""
+    then kept; an --out that cannot be written is named as such before any download, not blamed on the network."""
     import io
     import urllib.error
     fixture = (REPO / "tests" / "hellaswag_fixture.jsonl").read_text().splitlines()
@@ -197,5 +197,10 @@ def test_hellaswag_download_is_whole_or_absent(tmp_path, monkeypatch, capsys):
     served["body"] = ("\n".join(fixture[i % len(fixture)] for i in range(10042)) + "\n").encode()
     assert hellaswag.main(["--out", str(out)]) == 0
     assert len(tg.hellaswag_items(str(out))) == 10042 and [p.name for p in out.parent.iterdir()] == [out.name]
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert hellaswag.main(["--out", str(blocker / "sub" / "hellaswag_val.jsonl")]) == 1  # a folder that is a file
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot write {blocker}") and err.count("\n") == 1, err  # not the network's
     served.clear()  # offline now: the valid file is kept, nothing fetched
     assert hellaswag.main(["--out", str(out)]) == 0 and "present and valid" in capsys.readouterr().out
