@@ -2,6 +2,7 @@
 document start; and print their BOS density.
 
     python data/check.py data/fineweb10B/*.bin
+    python data/check.py data/fineweb10B          # a folder: every .bin in it
 
 The format and the rules (magic, version, header size, token ids, document starts) are defined once, in
 train_gpt.py, whose load_train_shard this calls, as the trainer does; this adds each shard's statistics.
@@ -25,10 +26,16 @@ def check_shard(path: str) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      allow_abbrev=False)
-    parser.add_argument("paths", nargs="+")
+    parser.add_argument("paths", nargs="+", help="shards, or folders of them (each .bin inside)")
     args = parser.parse_args(argv)
-    bad = 0
+    bad, paths = 0, []
     for path in args.paths:
+        shards = sorted(str(p) for p in Path(path).glob("*.bin")) if Path(path).is_dir() else [path]
+        if not shards:
+            print(f"BAD  {path}: a folder with no .bin shards in it")
+            bad += 1
+        paths += shards
+    for path in paths:
         try:
             s = check_shard(path)
         except (ShardFormatError, OSError) as e:

@@ -81,6 +81,13 @@ def test_check_reports_bad_shards(tmp_path, capsys):
     with pytest.raises(tg.ShardFormatError) as trainer_says:
         tg.TrainLoader(str(tmp_path / "no_bos.bin"), 2, 4, 0, 1)
     assert said == f"BAD  {trainer_says.value}\n"
+    # a folder is its .bin shards (the four above); a folder with none is refused, not passed
+    (tmp_path / "notes.txt").write_text("not a shard")
+    (tmp_path / "empty").mkdir()
+    assert check.main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("BAD") == 3 and out.count("ok   ") == 1 and "notes.txt" not in out
+    assert check.main([str(tmp_path / "empty")]) == 1 and "no .bin shards" in capsys.readouterr().out
 
 
 @pytest.fixture
