@@ -4092,6 +4092,26 @@ def gpu_error_message(e: Exception, cfg: Hyperparameters):
     return None
 
 
+def alloc_retries(device: torch.device) -> int:
+    """How often the GPU's caching allocator has found no memory left, freed its cached blocks and asked again
+    (each time it waits for the GPU), in this process so far; 0 off the GPU."""
+    return torch.cuda.memory_stats(device).get("num_alloc_retries", 0) if device.type == "cuda" else 0
+
+
+def memory_lines(peak: int, reserved: int, retries: int) -> list[str]:
+    """The log's GPU memory line (peak allocated and reserved bytes, the training's allocator retries), and
+    a note where the allocator ran out: the step time then holds its waits, which the GPU's size, not the
+    code, caused (under a 24 GiB cap played on an H100 the stage bench's GPU sat idle 99-134 ms a step, in gaps
+    that point at the allocator: records/2026-12-07_sm86-caps-h100)."""
+    lines = [log_line(peak_memory=f"{peak // 2**20}MiB", reserved_memory=f"{reserved // 2**20}MiB",
+                      alloc_retries=retries)]
+    if retries:
+        lines.append(log_line(note="memory_at_the_limit", why=f"the_allocator_ran_out_{retries}_times_and_freed_"
+                                                              f"its_cache,_each_a_wait:_a_smaller_--micro_batch_"
+                                                              f"may_train_faster"))
+    return lines
+
+
 def summary_line(trainer: Trainer) -> str:
     """The log's last line: how the run ended (its last and best val, the time to the target, tokens/s,
     peak GPU memory, the log)."""
@@ -4121,6 +4141,7 @@ def run(trainer: Trainer):
     checkpoint."""
     cfg = trainer.cfg
     trainer.started = True
+    retries_before = alloc_retries(trainer.device)
     trainer.clock.start()
     for step in range(trainer.step, cfg.num_steps + 1):
         last_step, pause = step == cfg.num_steps, cfg.stop_at > 0 and step == cfg.stop_at
@@ -4135,8 +4156,9 @@ def run(trainer: Trainer):
     if cfg.save_every or pause:  # judged by the last validation, the loss of the weights it holds
         save_checkpoint(trainer, loss=trainer.vals[-1][1])
     if trainer.device.type == "cuda":
-        trainer.log(log_line(peak_memory=f"{torch.cuda.max_memory_allocated() // 2**20}MiB",
-                             reserved_memory=f"{torch.cuda.max_memory_reserved() // 2**20}MiB"))
+        for line in memory_lines(torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(),
+                                 alloc_retries(trainer.device) - retries_before):
+            trainer.log(line)
     if pause and not last_step:  # no summary: the run goes on from the checkpoint, in this same log
         trainer.log(log_line(stopped_at=f"{step}/{cfg.num_steps}", resume_with=trainer.last_checkpoint))
         if trainer.comm.rank == 0:

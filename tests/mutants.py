@@ -277,6 +277,10 @@ MUTANTS = {
     "a missing --resume file left to the GPU check": ("train_gpt.py", [
         ("    if cfg.resume and not os.path.isfile(cfg.resume):", "    if False:")],
         ["tests/test_trust.py::test_a_missing_checkpoint_is_named_before_the_gpu"]),
+    "the allocator's retries never noted": ("train_gpt.py", [
+        ("    if retries:\n        lines.append(log_line(note=\"memory_at_the_limit\"",
+         "    if retries > 10**9:\n        lines.append(log_line(note=\"memory_at_the_limit\"")],
+        ["tests/test_trust.py::test_the_memory_line_counts_the_allocators_retries_and_notes_them"]),
     "lm_head weights' FP8 scale 100x too fine": ("train_gpt.py", [
         ("HEAD_W_SCALE = 1.6 / 448", "HEAD_W_SCALE = 0.016 / 448")],
         ["tests/test_training.py::test_full_width_fp8_head_stays_within_its_scales_while_training"]),

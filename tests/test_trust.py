@@ -184,6 +184,19 @@ def test_unreadable_checkpoints_are_refused_in_one_line(sample_shards, run6, tmp
         assert "\n" not in str(e.value) and str(e.value).startswith("error: ")
 
 
+def test_the_memory_line_counts_the_allocators_retries_and_notes_them():
+    """The GPU run's memory line: peak and reserved MiB and how often the allocator ran out during training; a
+    note, which records/tool.py reads as a note, only where it did."""
+    ok = tg.memory_lines(1024 * 2**20, 2048 * 2**20 + 5, 0)
+    assert ok == ["peak_memory:1024MiB reserved_memory:2048MiB alloc_retries:0"]
+    at_limit = tg.memory_lines(21365 * 2**20, 24000 * 2**20, 7)
+    assert len(at_limit) == 2 and at_limit[0].endswith("alloc_retries:7")
+    fields = dict(tool.PAIR.findall(at_limit[1]))
+    assert fields["note"] == "memory_at_the_limit" and "ran_out_7_times" in fields["why"]
+    assert fields["why"].endswith("may_train_faster")  # one field: no space cuts it short
+    assert tg.alloc_retries(torch.device("cpu")) == 0
+
+
 def test_a_missing_checkpoint_is_named_before_the_gpu(tmp_path, monkeypatch):
     """--resume alone takes its settings, --device among them, from the checkpoint: a path that names no file is
     the error, on a machine with or without a GPU, not the GPU check of the defaults it fell back to."""

@@ -2,11 +2,11 @@
 flags on the proxy shards, compiled and warmed up as train_gpt.py does, then at each batch stage and in the
 extension N steps with that stage's real schedule (batch, windows, YaRN, multi-token weights, Adam's every
 second step, the embedding tied or untied), each synchronized and timed, and two more profiled. Prints each
-stage's median and peak memory, the warm-up's peak, and the projection, sum over stages of (its steps in the
-run x its median); appends them to
-OUT/stagebench.txt and writes OUT/NAME_<stage>_profile.txt, and the warm-up's compile time by phase to
-OUT/NAME_compile_times.txt, where the warm-up's host time went (sampled stacks) to OUT/NAME_warmup_host.txt,
-and each hand-written Triton kernel's compile (thread, seconds) to OUT/NAME_kernel_compiles.txt.
+stage's median, peak memory and allocator retries (if any), the warm-up's peak, and the projection, sum over
+stages of (its steps in the run x its median); appends them to OUT/stagebench.txt and writes
+OUT/NAME_<stage>_profile.txt, and the warm-up's compile time by phase to OUT/NAME_compile_times.txt, where the
+warm-up's host time went (sampled stacks) to OUT/NAME_warmup_host.txt, and each hand-written Triton kernel's
+compile (thread, seconds) to OUT/NAME_kernel_compiles.txt.
 
     python records/bench/stagebench.py --out DIR --name NAME [--script train_gpt.py] [--n 20]
         [--mlp_tiles JSON] [--warm_only] [--inductor KEY=VALUE ...] [-- FLAGS...]
@@ -150,6 +150,12 @@ def stages(tg, cfg) -> list:
     return out
 
 
+def retries_now(cuda: bool) -> int:
+    """The caching allocator's retries so far (it ran out, freed its cache and asked again, waiting for the GPU
+    each time): where a stage has any, its times hold those waits (a capped GPU's, e.g. capped.py's)."""
+    return torch.cuda.memory_stats().get("num_alloc_retries", 0) if cuda else 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      allow_abbrev=False)
@@ -215,7 +221,7 @@ def main(argv=None):
         prof = (first + n, first + n + 1)
         t.cfg = dataclasses.replace(t.cfg, profile_steps=prof)
         t.run_id = f"{args.name}_{name}"
-        times = []
+        times, retries = [], retries_now(cuda)
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         for step in range(first, first + n + 2):
@@ -227,7 +233,7 @@ def main(argv=None):
             if step < prof[0]:
                 times.append((time.perf_counter() - t0) * 1000)
         rows.append((name, count, tg.batch_seqs_at(first, t.cfg), first, statistics.median(times),
-                     statistics.mean(times), min(times), peak()))
+                     statistics.mean(times), min(times), retries_now(cuda) - retries, peak()))
         print(f"{name}: steps {first}..{first + n - 1}, median {rows[-1][4]:.1f} ms", flush=True)
     projected = sum(count * median for _, count, _, _, median, *_ in rows) / 1000
     highest = max([warm_peak] + [row[-1] for row in rows])
@@ -237,7 +243,8 @@ def main(argv=None):
              f"projected {t.cfg.num_steps}-step training time {projected:.1f} s; {described}"]
     lines += [f"  {name:<10} {count:5d} steps x {batch:2d} seqs  median {median:7.1f} ms  mean {mean:7.1f}  min "
               f"{low:7.1f}  (steps {first}..{first + n - 1})" + (f"  peak {high // 2**20} MiB" if cuda else "")
-              for name, count, batch, first, median, mean, low, high in rows]
+              + (f"  allocator retries {retried}" if retried else "")
+              for name, count, batch, first, median, mean, low, retried, high in rows]
     print("\n".join(lines), flush=True)
     with open(Path(args.out) / "stagebench.txt", "a") as f:
         f.write("\n".join(lines) + "\n")
