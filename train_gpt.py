@@ -647,8 +647,13 @@ def check_config(cfg: Hyperparameters):
         if not 0 <= getattr(cfg, name) <= 1:
             raise UserError(f"--{name} must be within 0..1 (it is {getattr(cfg, name)})")
     if cfg.resume and not os.path.isfile(cfg.resume):  # before the GPU check: its settings (--device too) are unread
-        raise UserError(f"cannot read checkpoint {cfg.resume}: no such file. A run writes its checkpoints beside its "
-                        f"log, as <run_id>_stepNNNNNN.pt (with --save_every or --stop_at)")
+        folder = os.path.isdir(cfg.resume)
+        found = sorted(Path(cfg.resume).glob("*_step*.pt") if folder else [], reverse=True,
+                       key=lambda p: (p.stat().st_mtime, p.name))[:3]
+        raise UserError(f"cannot read checkpoint {cfg.resume}: " + (
+            f"a folder; its newest checkpoints: {', '.join(p.name for p in found)}" if found else
+            "a folder, with no checkpoint in it" if folder else "no such file") +
+            ". A run writes its checkpoints beside its log, as <run_id>_stepNNNNNN.pt (with --save_every or --stop_at)")
 
 
 def check_layout(cfg: Hyperparameters):

@@ -199,12 +199,20 @@ def test_the_memory_line_counts_the_allocators_retries_and_notes_them():
 
 def test_a_missing_checkpoint_is_named_before_the_gpu(tmp_path, monkeypatch):
     """--resume alone takes its settings, --device among them, from the checkpoint: a path that names no file is
-    the error, on a machine with or without a GPU, not the GPU check of the defaults it fell back to."""
+    the error, on a machine with or without a GPU, not the GPU check of the defaults it fell back to; a folder
+    is answered with its newest checkpoints."""
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit, match="cannot read checkpoint missing.pt: no such file") as e:
         tg.main(["--resume", "missing.pt"])
     assert "\n" not in str(e.value) and "GPU" not in str(e.value)
     assert list(tmp_path.iterdir()) == []  # no log folder left behind
+    (tmp_path / "runs").mkdir()  # a folder given for a checkpoint: its newest checkpoints named, newest first
+    for i, step in enumerate((3, 6, 9, 12)):
+        (tmp_path / "runs" / f"r_step{step:06d}.pt").write_bytes(b"")
+        os.utime(tmp_path / "runs" / f"r_step{step:06d}.pt", (1e9 + i, 1e9 + i))
+    with pytest.raises(SystemExit, match="runs: a folder; its newest checkpoints: r_step000012.pt, r_step000009.pt, "
+                                         "r_step000006.pt\\. A run writes"):
+        tg.main(["--resume", "runs"])
 
 
 class _RunsCode:
