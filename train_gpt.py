@@ -4865,11 +4865,11 @@ if triton is not None:
                            PREFIX: tl.constexpr):
         """Rows [pid*BLOCK_T, +BLOCK_T) of softcap_ce_rows: a pass over the vocab for the log-sum-exp, a second
         that writes each (BLOCK_T x BLOCK_V) tile of the grad (e5m2 or bf16: g's dtype). Row r of z's T rows is
-        row row0 + r of the N rows that targets (and prefix) hold, sequences of S rows end to end. The cap is written with tanh,
-        sigmoid(u) = (1 + tanh(u/2)) / 2, so c - CAP = CAP/2 (t - 1) and dc/dz = CAP/(4 DIV) (1 - t^2).
-        Exponentials are base 2 with log2(e) folded into the constants, and no running max is kept: the capped
-        logits lie in (0, CAP), so exp(c - CAP) lies in (e^-CAP, 1] and a sum of them cannot overflow fp32. The
-        next 3 tokens' targets (k = 0, 1, 2, those in the row's sequence of S rows) carry weights[k]; with
+        row row0 + r of the N rows that targets (and prefix) hold, sequences of S rows end to end. The cap is
+        written with tanh, sigmoid(u) = (1 + tanh(u/2)) / 2, so c - CAP = CAP/2 (t - 1) and dc/dz = CAP/(4 DIV)
+        (1 - t^2). Exponentials are base 2 with log2(e) folded into the constants, and no running max is kept:
+        the capped logits lie in (0, CAP), so exp(c - CAP) lies in (e^-CAP, 1] and a sum of them cannot overflow
+        fp32. The next 3 tokens' targets (k = 0, 1, 2, those in the row's sequence of S rows) carry weights[k]; with
         PREFIX, each row's prefix token (prefix_ptr, -1 for none) weights[3]."""
         HALF_CAP2: tl.constexpr = 0.5 * CAP * LOG2E  # c - CAP in base-2 units, per unit of (t - 1)
         rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)  # offsets pass 2^31
