@@ -4078,14 +4078,18 @@ def eval_hellaswag(trainer: Trainer):
 # ----------------------------------------------------------------------------------------------------------
 # main
 
-def gpu_error_message(e: Exception, cfg: Hyperparameters):
-    """One line for the GPU failures that a flag fixes, or None: any other error keeps its traceback."""
+def gpu_error_message(e: Exception, cfg: Hyperparameters, per_pass: int = 0):
+    """One line for the GPU failures that a flag fixes, or None: any other error keeps its traceback. per_pass:
+    the sequences a pass the run took (0: not known yet), so that a smaller one is what the line offers."""
     if isinstance(e, torch.OutOfMemoryError):
         doubled = ",".join(str(2 * n) for n in cfg.batch_seqs)
-        return (f"out of GPU memory with --seq_len {cfg.seq_len}: run fewer sequences per pass "
-                f"(--micro_batch 2, or 1), or keep the tokens per step in shorter micro-batches, "
-                f"e.g. --seq_len {cfg.seq_len // 2} --batch_seqs {doubled} (README: GPUs with less memory); in "
-                f"validation, a shorter --val_seq_len")
+        smaller = [str(b) for b in range(per_pass - 1, 0, -1) if per_pass % b == 0] if per_pass else ["2", "1"]
+        than = f" than its {per_pass}" if per_pass else ""
+        fewer = (f"run fewer sequences per pass{than} (--micro_batch {', or '.join(smaller)}), or " if smaller else
+                 "it ran one sequence per pass: ")
+        return (f"out of GPU memory with --seq_len {cfg.seq_len}: {fewer}keep the tokens per step in shorter "
+                f"micro-batches, e.g. --seq_len {cfg.seq_len // 2} --batch_seqs {doubled} (README: GPUs with less "
+                f"memory); in validation, a shorter --val_seq_len")
     if isinstance(e, RuntimeError) and "can't allocate memory" in str(e):  # the CPU allocator
         return (f"out of memory ({first_lines(e, 1)[:120]}): lower --seq_len or --batch_seqs (activations), or the "
                 f"model's size")
@@ -4199,7 +4203,7 @@ def failure_message(e: BaseException, trainer, cfg: Hyperparameters):
         if not trainer.last_checkpoint:
             return f"{how} at step {trainer.step}; no checkpoint was written yet (--save_every K writes them)"
         return f"{how} at step {trainer.step}; the newest complete checkpoint is {trainer.last_checkpoint}"
-    return str(e) if isinstance(e, UserError) else gpu_error_message(e, cfg)
+    return str(e) if isinstance(e, UserError) else gpu_error_message(e, cfg, getattr(trainer, "micro_batch", 0))
 
 
 def end_log(trainer, message: str):

@@ -428,18 +428,25 @@ def test_the_command_line_prints_one_line_and_exits_non_zero(tmp_path):
 
 # ---- GPU failures a flag fixes
 
-@pytest.mark.parametrize("error,says", [
-    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.21 GiB"),
-     "out of GPU memory with --seq_len 128: .* e.g. --seq_len 64 --batch_seqs 4,8 "),
+OOM = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.21 GiB")
+
+
+@pytest.mark.parametrize("error,flags,says", [
+    # the tiny run's auto micro-batch is 2 of its 2 and 4 sequences: 1 is the smaller one to offer
+    (OOM, [], "out of GPU memory with --seq_len 128: run fewer sequences per pass than its 2 \\(--micro_batch 1\\), "
+              "or .* e.g. --seq_len 64 --batch_seqs 4,8 "),
+    (OOM, ["--micro_batch", "1"], "--seq_len 128: it ran one sequence per pass: keep the tokens per step in shorter "
+                                  "micro-batches, e.g. --seq_len 64"),
     # how Inductor reports a Flex backward that does not fit a 99 KiB GPU (pytorch/pytorch#133254)
     (RuntimeError("No valid triton configs. OutOfMemoryError: out of resource: triton_tem_fused_flex_attention_"
-                  "backward_1 Required: 114688 Hardware limit:101376"), "run with --flex_tiles small$")])
-def test_gpu_failures_that_a_flag_fixes_name_the_flag(sample_shards, tmp_path, monkeypatch, error, says):
+                  "backward_1 Required: 114688 Hardware limit:101376"), [], "run with --flex_tiles small$")])
+def test_gpu_failures_that_a_flag_fixes_name_the_flag(sample_shards, tmp_path, monkeypatch, error, flags, says):
+    """The line names a flag that fixes it; for memory, a smaller micro-batch than the run's where there is one."""
     def fail(t, step):
         raise error
     monkeypatch.setattr(tg, "train_step", fail)
     with pytest.raises(SystemExit, match=says):
-        tiny_run(sample_shards, tmp_path, "--num_steps", "2", "--run_id", "oom")
+        tiny_run(sample_shards, tmp_path, "--num_steps", "2", "--run_id", "oom", *flags)
     assert (tmp_path / "oom.txt").read_text().splitlines()[-1].startswith("error: ")
 
 
