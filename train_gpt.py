@@ -4088,7 +4088,7 @@ def gpu_error_message(e: Exception, cfg: Hyperparameters, per_pass: int = 0):
         fewer = (f"run fewer sequences per pass{than} (--micro_batch {', or '.join(smaller)}), or " if smaller else
                  "it ran one sequence per pass: ")
         return (f"out of GPU memory with --seq_len {cfg.seq_len}: {fewer}keep the tokens per step in shorter "
-                f"micro-batches, e.g. --seq_len {cfg.seq_len // 2} --batch_seqs {doubled} (README: GPUs with less "
+                f"micro-batches, e.g. --seq_len {cfg.seq_len // 2} --batch_seqs {doubled} (README: GPUs and "
                 f"memory); in validation, a shorter --val_seq_len")
     if isinstance(e, RuntimeError) and "can't allocate memory" in str(e):  # the CPU allocator
         return (f"out of memory ({first_lines(e, 1)[:120]}): lower --seq_len or --batch_seqs (activations), or the "

@@ -1028,6 +1028,19 @@ def quick_start_block() -> str:
     return readme.split("## Quick start on a CPU")[1].split("```bash")[1].split("```")[0]
 
 
+def test_the_readme_sections_the_messages_point_to_exist():
+    """A message that sends the user to a README section ("README: Resume", "README.md, Quick start") names a
+    heading the README has: the source's one-line references and the out-of-memory line, built as a run
+    would."""
+    headings = [line.lstrip("#").strip() for line in (REPO / "README.md").read_text().splitlines()
+                if line.startswith("## ") or line.startswith("### ")]
+    oom = tg.gpu_error_message(torch.OutOfMemoryError("x"), tg.Hyperparameters(), 4)
+    named = re.findall(r"README(?:\.md)?[:,] ([A-Z][A-Za-z ]*[a-z])", (REPO / "train_gpt.py").read_text() + oom)
+    assert len(named) >= 3 and "GPUs and memory" in named, named
+    for section in named:
+        assert any(h.startswith(section) for h in headings), (section, headings)
+
+
 def test_the_readmes_commands_name_what_exists():
     """The quick start's commands: every script and flag it names exists, and its CPU block reruns (a fresh
     run_id each time)."""
