@@ -3941,11 +3941,13 @@ def generate(argv) -> str:
     if len(prompt) + args.max_new_tokens > limit:
         raise UserError(f"the prompt ({len(prompt) - 1} tokens) plus --max_new_tokens {args.max_new_tokens} is "
                         f"longer than the {limit - 1} tokens this model has positions for: shorten one of them")
-    if args.max_new_tokens < 1 or not 0 <= args.temperature < math.inf or args.top_k < 0 \
-            or not 0 <= args.seed < 2**63:
-        raise UserError(f"--max_new_tokens must be positive (it is {args.max_new_tokens}), --temperature a finite number "
-                        f"0 or more ({args.temperature}), --top_k 0 or more ({args.top_k}) and --seed within 0..2^63 "
-                        f"({args.seed})")
+    for wrong, says in ((args.max_new_tokens < 1, f"--max_new_tokens must be positive (it is {args.max_new_tokens})"),
+                        (not 0 <= args.temperature < math.inf,
+                         f"--temperature must be a finite number, 0 or more (it is {args.temperature})"),
+                        (args.top_k < 0, f"--top_k must be 0 or more (it is {args.top_k})"),
+                        (not 0 <= args.seed < 2**63, f"--seed must be at least 0 and below 2^63 (it is {args.seed})")):
+        if wrong:  # the flag that is wrong, alone: a list of every rule reads as if all were
+            raise UserError(says)
     tokens = sample(model, prompt, args.max_new_tokens, windows, args.temperature, args.top_k,
                     torch.Generator().manual_seed(args.seed))
     return decode(enc, tokens[1:])

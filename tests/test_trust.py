@@ -990,16 +990,19 @@ def test_ctrl_c_or_sigterm_while_torch_imports_is_one_line(sample_shards, tmp_pa
 
 
 @pytest.mark.parametrize("argv,says", [
-    (["--temperature", "nan"], "--temperature a finite number 0 or more \\(nan\\)"),
-    (["--temperature", "inf"], "--temperature a finite number 0 or more \\(inf\\)"),
-    (["--top_k", "-5"], "--top_k 0 or more \\(-5\\)"),
-    (["--seed", str(2**70)], "--seed within 0..2\\^63"),
+    (["--temperature", "nan"], "--temperature must be a finite number, 0 or more \\(it is nan\\)$"),
+    (["--temperature", "-1"], "--temperature must be a finite number, 0 or more \\(it is -1.0\\)$"),
+    (["--temperature", "inf"], "--temperature must be a finite number, 0 or more \\(it is inf\\)$"),
+    (["--top_k", "-5"], "--top_k must be 0 or more \\(it is -5\\)$"),
+    (["--seed", str(2**70)], "--seed must be at least 0 and below 2\\^63 \\(it is 1180591620717411303424\\)$"),
+    (["--max_new_tokens", "0"], "--max_new_tokens must be positive \\(it is 0\\)$"),
 ])
 def test_generate_refuses_values_that_cannot_be_right(run6, argv, says):
+    """One line naming the flag that is wrong and its value, and no other flag."""
     d, _ = run6
     with pytest.raises(SystemExit, match=says) as e:
         tg.main(["--generate", str(d / "r_step000003.pt"), "--prompt", "hi", "--device", "cpu", *argv])
-    assert "\n" not in str(e.value)
+    assert "\n" not in str(e.value) and str(e.value).count("--") == 1
 
 
 def test_a_wrong_shape_says_which_weight(sample_shards, run6, tmp_path):
