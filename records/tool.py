@@ -2,7 +2,7 @@
 
     python records/tool.py summary records/2026-12-02_proxy-h200        # table, mean +- std, one-sided t-test
     python records/tool.py compare records/A records/B                    # two arms: mean +- std, Welch's t-test
-    python records/tool.py plot records/A records/B -o curve.png          # val loss vs time and vs step
+    python records/tool.py plot records/A records/B [-o curve.png]        # val loss vs time and vs step
     python records/tool.py diff LOG [--against train_gpt.py | OTHER_LOG]   # what code produced this log
     python records/tool.py source LOG -o FILE                              # write the script a log embeds
     python records/tool.py bench OURS_LOG BASELINE_LOG                     # tokens/s, MFU, time-to-loss speedup
@@ -469,6 +469,11 @@ def diff(log, against) -> str:
     return "".join(difflib.unified_diff(theirs, ours, fromfile=str(against), tofile=f"{log} (embedded source)"))
 
 
+def default_plot(first: str) -> Path:
+    """Where plot writes without -o: beside what it plots (the folder's curve.png, or LOG.png for a log)."""
+    return Path(first) / "curve.png" if Path(first).is_dir() else Path(first).with_suffix(".png")
+
+
 def plot(paths, out: Path) -> str:
     """Val loss against training time and against step, each run's whole curve, and a third panel zoomed into
     the last 40% of the finished runs' steps. Each run has its own colour; each folder its own line style; an
@@ -609,7 +614,9 @@ def main(argv=None) -> int:
     c.add_argument("b", help="folder of the second arm's logs (e.g. the new recipe)")
     pl = sub.add_parser("plot", allow_abbrev=False, help="val loss curves")
     pl.add_argument("paths", nargs="+", help="record folders or log files")
-    pl.add_argument("-o", "--out", type=Path, default=Path("curve.png"), help="PNG to write")
+    pl.add_argument("-o", "--out", type=Path, default=None,
+                    help="PNG to write (default: curve.png in the first folder given, or beside the first log as "
+                         "LOG.png: never into the repository's root)")
     df = sub.add_parser("diff", allow_abbrev=False, help="unified diff of a log's embedded source")
     df.add_argument("log", help="a log written by train_gpt.py or the baseline")
     df.add_argument("--against", help="a script or another log (default: the script that wrote such a log: "
@@ -638,7 +645,7 @@ def run_command(args) -> str:
     if args.cmd == "compare":
         return compare(args.a, args.b) + "\n"
     if args.cmd == "plot":
-        return plot(args.paths, args.out) + "\n"
+        return plot(args.paths, args.out or default_plot(args.paths[0])) + "\n"
     if args.cmd == "diff":
         return diff(args.log, args.against or default_against(args.log)) or "no difference\n"
     if args.cmd == "source":

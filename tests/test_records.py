@@ -66,7 +66,7 @@ def fineweb_config():
     return json.loads(json.dumps(tg.dataclasses.asdict(tg.Hyperparameters())))
 
 
-def test_logs_that_cannot_be_used_are_refused_not_skipped(tmp_path, capsys):
+def test_logs_that_cannot_be_used_are_refused_not_skipped(tmp_path, capsys, monkeypatch):
     """A log with a source but no val line, or step lines without a source, makes a statistic refuse in one line
     and exit non-zero; so do an empty, a missing or a garbage folder. plot says what it skipped, and refuses when
     nothing is left; diff, source and bench refuse what is not a log, naming the path."""
@@ -82,6 +82,12 @@ def test_logs_that_cannot_be_used_are_refused_not_skipped(tmp_path, capsys):
     assert tool.main(["plot", str(tmp_path), "-o", str(tmp_path / "new" / "dir" / "c.png")]) == 0
     out = capsys.readouterr().out
     assert "skipped " in out and "broken.txt" in out and (tmp_path / "new" / "dir" / "c.png").exists()
+    # without -o: beside what it plots, never into the working directory (a user's repository root)
+    monkeypatch.chdir(tmp_path / "new")
+    assert tool.main(["plot", str(tmp_path)]) == 0 and (tmp_path / "curve.png").exists()
+    assert tool.main(["plot", str(tmp_path / "good.txt")]) == 0 and (tmp_path / "good.png").exists()
+    assert not (tmp_path / "new" / "curve.png").exists()
+    capsys.readouterr()
     empty, garbage = tmp_path / "empty", tmp_path / "garbage"
     empty.mkdir()
     garbage.mkdir()
