@@ -1665,13 +1665,11 @@ def softcap_head_chunks(x: Tensor, w: Tensor, targets: Tensor, weights: Tensor, 
     for a in range(0, x.size(0), chunk):
         xc = x[a:a + chunk]
         z = mm(xc, wb.mT)
-        if on_gpu(z):  # in place: each of its programs reads a tile of z before it writes that tile's grad
-            per_row = torch.empty(2, z.size(0), device=z.device)
-            rows_loss, rows_ntp, dz = _softcap_ce_cuda(z, targets, weights, 1.0, launch, approx,
-                                                       seq_len or len(targets), (*per_row, z), prefix, row0=a)
-        else:
-            rows_loss, rows_ntp, dz = softcap_ce_parts(z, targets, weights, seq_len, prefix, row0=a)
-            dz = dz.to(z.dtype)  # the grad a bf16 matmul's backward would get
+        # the grad in bf16 (what a bf16 matmul's backward would get), written over z: on GPU each of the kernel's
+        # programs reads a tile of z before it writes that tile's grad
+        per_row = torch.empty(2, z.size(0), device=z.device)
+        rows_loss, rows_ntp, dz = softcap_ce_rows(z, targets, weights, 1.0, launch, approx, seq_len, (*per_row, z),
+                                                  prefix, row0=a)
         loss, ntp = loss + rows_loss.sum(), ntp + rows_ntp.sum()
         dx[a:a + chunk] = mm(dz, wb)
         dw += mm(dz.mT, xc).float()
@@ -4301,16 +4299,21 @@ def ce_outputs(rows: int, vocab: int, device) -> tuple[Tensor, Tensor, Tensor]:
 
 def softcap_ce_rows(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float, launch=(8, 512, 8),
                     approx: bool = True, seq_len: int = 0, out: tuple = None,
-                    prefix: Tensor = None) -> tuple[Tensor, Tensor, Tensor]:
-    """For logits z (N, vocab) of the training head, sequences of seq_len rows (0: one): per row, the
-    multi-token loss (weights[k] times the cross-entropy of the capped logits against targets[row + k], where
-    row + k lies in the row's sequence) and the next-token loss; and the multi-token loss's grad wrt z in e5m2
-    units of grad_s. Written into out = (loss, ntp, grad) if given (rows of larger tensors). On GPU one kernel
-    reads z twice and writes the grad; launch = its (rows, vocab columns, warps). prefix: softcap_ce_parts'."""
+                    prefix: Tensor = None, row0: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """For logits z (n, vocab) of the training head, rows row0 .. row0 + n - 1 of the rows targets hold,
+    sequences of seq_len rows (0: one): per row, the multi-token loss (weights[k] times the cross-entropy of the
+    capped logits against targets[row + k], where row + k lies in the row's sequence) and the next-token loss;
+    and the multi-token loss's grad wrt z in units of grad_s, in e5m2 (or out's grad dtype: bf16 for the bf16
+    head, which passes z itself). Written into out = (loss, ntp, grad) if given (rows of larger tensors). On GPU
+    one kernel reads z twice and writes the grad; launch = its (rows, vocab columns, warps). prefix:
+    softcap_ce_parts'."""
     if on_gpu(z):
-        return _softcap_ce_cuda(z, targets, weights, grad_s, launch, approx, seq_len or z.size(0), out, prefix)
-    loss, ntp, dz = softcap_ce_parts(z, targets, weights, seq_len, prefix)
-    made = loss, ntp, to_fp8(dz, grad_s, torch.float8_e5m2)
+        return _softcap_ce_cuda(z, targets, weights, grad_s, launch, approx, seq_len or targets.numel(), out, prefix,
+                                row0)
+    loss, ntp, dz = softcap_ce_parts(z, targets, weights, seq_len, prefix, row0)
+    grad_dtype = torch.float8_e5m2 if out is None else out[2].dtype
+    made = loss, ntp, (to_fp8(dz, grad_s, grad_dtype) if grad_dtype == torch.float8_e5m2 else
+                       dz.div(grad_s).to(grad_dtype))
     if out is None:
         return made
     for o, t in zip(out, made, strict=True):

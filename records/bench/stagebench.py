@@ -152,7 +152,8 @@ def stages(tg, cfg) -> list:
 
 def retries_now(cuda: bool) -> int:
     """The caching allocator's retries so far (it ran out, freed its cache and asked again, waiting for the GPU
-    each time): where a stage has any, its times hold those waits (a capped GPU's, e.g. capped.py's)."""
+    each time): where a stage has any, its times hold those waits (a capped GPU's, e.g. capped.py's). Read here,
+    not by train_gpt.alloc_retries: --script may time a version that has no such function."""
     return torch.cuda.memory_stats().get("num_alloc_retries", 0) if cuda else 0
 
 
