@@ -4524,6 +4524,14 @@ def relu_square_mm(a: Tensor, b: Tensor, post, tile, fp8: tuple = None, act_scal
             and b.size(0) % (8 if act_scale is None else 16) == 0:
         return _relu_square_mm_cuda(a.contiguous(), b.contiguous(), post, tile, fp8, act_scale)
     s = mm(a, b.mT) if fp8 is None else fp8_mm(*fp8)
+    # without the kernel on a GPU (an RTX 4090's FP8 MLP), the epilogue compiled: eager inside this op, its
+    # passes over the product (9 forward, 6 backward) cost more than the GEMMs (records/2026-12-07_flags-alone-h100)
+    return (compiled_relu_square_epilogue() if on_gpu(s) else relu_square_epilogue)(s, post, act_scale)
+
+
+def relu_square_epilogue(s: Tensor, post: Optional[Tensor], act_scale: Optional[Tensor]):
+    """relu_square_mm's rule after its product s: relu(s)^2, with post 2 sqrt(post) s, with act_scale also
+    post's fp8_post copy and its largest value; in fp32 (float64 for float64), rounded once to s's dtype."""
     f = torch.promote_types(s.dtype, torch.float32)  # bf16's in fp32, float64's in float64
     if post is not None:
         return (2 * post.to(f).sqrt() * s.to(f)).to(s.dtype)
@@ -4531,6 +4539,13 @@ def relu_square_mm(a: Tensor, b: Tensor, post, tile, fp8: tuple = None, act_scal
     if act_scale is None:
         return post
     return post, fp8_post(post, act_scale), post.amax().float().reshape(1)
+
+
+@functools.cache
+def compiled_relu_square_epilogue(backend: str = "inductor"):
+    """relu_square_epilogue as one compiled graph, a pass or two over the product where eager takes six to nine.
+    It runs inside the custom ops, which the model's torch.compile sees only as their fake kernels: compiled apart."""
+    return torch.compile(relu_square_epilogue, dynamic=False, fullgraph=True, backend=backend)
 
 
 @functools.cache

@@ -188,6 +188,14 @@ MUTANTS = {
     "fused MLP's forward: post is relu(pre), not squared": ("train_gpt.py", [
         ("    post = F.relu(s.to(f)).square().to(s.dtype)", "    post = F.relu(s.to(f)).to(s.dtype)")],
         ["tests/test_training.py::test_relu_square_mlp_op_has_the_rules_grads"]),
+    "without the MLP kernel a GPU runs the ReLU^2 epilogue eagerly": ("train_gpt.py", [
+        ("(compiled_relu_square_epilogue() if on_gpu(s) else relu_square_epilogue)", "relu_square_epilogue")],
+        ["tests/test_training.py::test_without_the_mlp_kernel_a_gpu_compiles_the_relu_square_epilogue"]),
+    "the compiled ReLU^2 epilogue squares nothing": ("train_gpt.py", [
+        ("    return torch.compile(relu_square_epilogue, dynamic=False",
+         "    return torch.compile(lambda s, post, act: relu_square_epilogue(s.abs().sqrt() * s.sign() if post is None "
+         "else s, post, act), dynamic=False")],
+        ["tests/test_training.py::test_without_the_mlp_kernel_a_gpu_compiles_the_relu_square_epilogue"]),
     "fused MLP's backward: two programs per multiprocessor that do not both fit": ("train_gpt.py", [
         ("(128, 128, 64, 8, 3, 4, 0, 2), (", "(128, 128, 64, 8, 3, 2, 0, 2), (")],
         ["tests/test_training.py::test_mlp_hopper_tiles_fit_the_shared_memory"]),

@@ -1091,6 +1091,46 @@ def test_fp8_down_is_the_records_fp8_product_with_bf16_grads():
     assert rel_err(up_only, want) > 0.01  # FP8's rounding is what the reference holds
 
 
+def test_without_the_mlp_kernel_a_gpu_compiles_the_relu_square_epilogue(monkeypatch):
+    """On a GPU without the fused kernel (an RTX 4090's FP8 MLP, or --mlp_kernel 0), the ReLU^2 epilogue after
+    each direction's product runs as one compiled graph (eager, its passes cost an H100 more than the GEMMs):
+    here a "GPU" (on_gpu true) compiles it whole (fullgraph, aot_eager on CPU) for the FP8 forward with post's
+    e4m3 copy and largest value, and for the backward, and the MLP's output and grads are the eager rule's,
+    bit for bit; post is relu(pre)^2 of the float64 definition, rounded once."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 64, 128, generator=gen).bfloat16().requires_grad_()
+    fc_w, proj_w = ((torch.randn(512, 128, generator=gen) * 0.05).bfloat16().requires_grad_() for _ in range(2))
+    g = torch.randn(2, 64, 128, generator=gen).bfloat16()
+    scales = torch.tensor([0.9 / 448, proj_w.detach().abs().max().item() * 1.12 / 448, 0.0])
+    mlp = tg.MLP(128)
+    mlp.copies = {"fc_w": fc_w, "proj_w": proj_w}
+    mlp.fc_fp8 = tg.fp8_weight(fc_w)
+
+    def run():
+        mlp.down_fp8 = (tg.fp8_down_weight(proj_w, scales[1:2]).contiguous(), scales[0:1], scales[1:2],
+                        torch.zeros(1))
+        out = mlp(x)
+        return out, mlp.down_fp8[3].clone(), *torch.autograd.grad(out, (x, fc_w, proj_w), g)
+
+    eager = run()
+    compiled, calls = tg.compiled_relu_square_epilogue("aot_eager"), []
+
+    def spy():
+        def epilogue(s, post, act_scale):
+            calls.append("backward" if post is not None else "forward")
+            got = compiled(s, post, act_scale)
+            if post is None:  # the product's relu^2, exactly the float64 definition's rounding
+                assert torch.equal(got[0], s.double().clamp(min=0).square().bfloat16())
+            return got
+        return epilogue
+    monkeypatch.setattr(tg, "on_gpu", lambda t: True)
+    monkeypatch.setattr(tg, "compiled_relu_square_epilogue", spy)
+    on_gpu = run()
+    assert calls == ["forward", "backward"]
+    for name, a, b in zip(("out", "top", "dx", "dfc", "dproj"), on_gpu, eager):
+        assert torch.equal(a, b), name
+
+
 def fp8_down_act_scales_on_rank(rank: int, store: str, top: list) -> tuple:
     """fp8_down_act_scales in rank `rank` of a gloo world of 2 (a process of its own), from this rank's largest
     activations top: (the scales it sets, the amax it leaves)."""
