@@ -232,6 +232,25 @@ def reads_fineweb(run: Run) -> bool:
 RUN_OWN = (set(RESUME_FREE) - {"train_files", "val_files"}) | {"seed", "compile", "compile_scope"}
 
 
+# of RUN_OWN, the settings of how a run computes, not what: runs that differ in them share a loss, not a time
+SPEED_OWN = ("attn_kernel", "mlp_kernel", "flex_tiles", "micro_batch", "compile", "compile_scope", "profile_steps")
+
+
+def train_times(done) -> str:
+    """The runs' training time, mean +- std, one figure per setting of SPEED_OWN among them (named by what
+    differs, with its count of runs): a time is never averaged over kernels or micro-batches."""
+    keys = [json.dumps([r.config.get(k) for k in SPEED_OWN]) for r in done]
+    order = list(dict.fromkeys(keys))
+    times = {key: [r.final[2] / 1000 for r, k in zip(done, keys) if k == key] for key in order}
+    if len(order) == 1:
+        return mean_pm(times[order[0]], ".1f", "s")
+    values = [json.loads(k) for k in order]
+    differ = [i for i in range(len(SPEED_OWN)) if len({json.dumps(v[i]) for v in values}) > 1]
+    return "; ".join(f"{mean_pm(ts, '.1f', 's') if len(ts) > 1 else f'{ts[0]:.1f}s'} ("
+                     + " ".join(f"{SPEED_OWN[i]}={json.dumps(v[i])}" for i in differ)
+                     + f", {len(ts)} run{'s' * (len(ts) > 1)})" for ts, v in zip(times.values(), values))
+
+
 def settings_groups(runs) -> list:
     """The runs grouped by their recipe's settings (all but RUN_OWN), in order of first appearance: [(what sets
     the group apart, its runs)]. Runs of different settings are never averaged together."""
@@ -283,8 +302,7 @@ def summary_lines(runs, target=None, test: bool = False) -> list:
         unfinished = len(runs) - len(done) - diverged
         left_out = "".join(f" ({n} {what} left out)" for n, what in ((unfinished, "unfinished"), (diverged, "diverged"))
                            if n)
-        times = mean_pm([r.final[2] / 1000 for r in done], ".1f", "s")
-        lines.append(f"runs:{len(done)} val_loss:{mean_pm(losses)} train_time:{times}{left_out}")
+        lines.append(f"runs:{len(done)} val_loss:{mean_pm(losses)} train_time:{train_times(done)}{left_out}")
     if not test:
         return lines
     if target is None and not all(reads_fineweb(r) for r in runs):

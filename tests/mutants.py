@@ -603,6 +603,10 @@ MUTANTS = {
         ("    groups = settings_groups(runs)\n    if len(groups) > 1:\n        lines = [",
          "    groups = settings_groups(runs)\n    if False:\n        lines = [")],
         ["tests/test_records.py::test_runs_of_different_settings_are_never_averaged_together"]),
+    "summary averages one recipe's training times over its kernels": ("records/tool.py", [
+        ("    if len(order) == 1:\n        return mean_pm(times[order[0]]",
+         "    if True:\n        return mean_pm([r.final[2] / 1000 for r in done]")],
+        ["tests/test_records.py::test_runs_of_different_settings_are_never_averaged_together"]),
     "summary does not look into a record's arm folders": ("records/tool.py", [
         ('        out += own or ([f for f in sorted(p.glob("*/*.txt"))', '        out += own or ([f for f in sorted(p.glob("*/*.none"))')],
         ["tests/test_records.py::test_runs_of_different_settings_are_never_averaged_together"]),

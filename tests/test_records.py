@@ -533,8 +533,8 @@ def test_mutants_help_prints_its_usage_without_running_anything():
 
 def test_runs_of_different_settings_are_never_averaged_together(tmp_path):
     """A smoke run and a books run in one folder (different widths and step counts): summary gives each setting
-    its own line and no t-test; compare refuses an arm that mixes them; a record whose logs sit in arm subfolders
-    is summarized from them."""
+    its own line and no t-test; compare refuses an arm that mixes them; runs of one recipe through other
+    kernels share a loss line but not a time; a record whose logs sit in arm subfolders is summarized from them."""
     smoke = json.loads(json.dumps(tg.dataclasses.asdict(tg.parse_args(["--preset", "smoke"]))))
     books = json.loads(json.dumps(tg.dataclasses.asdict(tg.parse_args(["--preset", "books"]))))
     (tmp_path / "mixed").mkdir()
@@ -549,6 +549,14 @@ def test_runs_of_different_settings_are_never_averaged_together(tmp_path):
     assert "runs:1 val_loss:7.7000 (one run)" in books_part
     with pytest.raises(tool.ToolError, match="its runs have 2 different settings"):
         tool.compare(tmp_path / "mixed", tmp_path / "mixed")
+    # the same recipe through other kernels: one loss, a training time per kernel setting
+    (tmp_path / "kernels").mkdir()
+    for i, (kernel, ms) in enumerate([(True, 53_200), (False, 90_500), (True, 53_400), (False, 90_600)]):
+        fake_log(tmp_path / "kernels" / f"k{i}.txt", [(0, 10.8, 0), (20, 8.5 + i / 100, ms)],
+                 config={**smoke, "seed": i, "mlp_kernel": kernel})
+    out = tool.summary([tmp_path / "kernels"], target=None)
+    assert ("runs:4 val_loss:8.5150+-0.0129 train_time:53.3s+-0.1s (mlp_kernel=true, 2 runs); 90.5s+-0.1s "
+            "(mlp_kernel=false, 2 runs)") in out, out
     record = tmp_path / "2026-01-01_rec"
     (record / "arm").mkdir(parents=True)
     fake_log(record / "arm" / "a.txt", [(0, 10.8, 0), (1695, 3.27, 170_000)])
