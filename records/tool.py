@@ -236,19 +236,26 @@ RUN_OWN = (set(RESUME_FREE) - {"train_files", "val_files"}) | {"seed", "compile"
 SPEED_OWN = ("attn_kernel", "mlp_kernel", "flex_tiles", "micro_batch", "compile", "compile_scope", "profile_steps")
 
 
+def speed_groups(runs) -> dict:
+    """The runs by their SPEED_OWN settings, in order of first appearance: {the settings as JSON: runs}."""
+    groups = {}
+    for r in runs:
+        groups.setdefault(json.dumps([r.config.get(k) for k in SPEED_OWN]), []).append(r)
+    return groups
+
+
 def train_times(done) -> str:
     """The runs' training time, mean +- std, one figure per setting of SPEED_OWN among them (named by what
     differs, with its count of runs): a time is never averaged over kernels or micro-batches."""
-    keys = [json.dumps([r.config.get(k) for k in SPEED_OWN]) for r in done]
-    order = list(dict.fromkeys(keys))
-    times = {key: [r.final[2] / 1000 for r, k in zip(done, keys) if k == key] for key in order}
-    if len(order) == 1:
-        return mean_pm(times[order[0]], ".1f", "s")
-    values = [json.loads(k) for k in order]
+    groups = speed_groups(done)
+    times = [[r.final[2] / 1000 for r in runs] for runs in groups.values()]
+    if len(groups) == 1:
+        return mean_pm(times[0], ".1f", "s")
+    values = [json.loads(k) for k in groups]
     differ = [i for i in range(len(SPEED_OWN)) if len({json.dumps(v[i]) for v in values}) > 1]
     return "; ".join(f"{mean_pm(ts, '.1f', 's') if len(ts) > 1 else f'{ts[0]:.1f}s'} ("
                      + " ".join(f"{SPEED_OWN[i]}={json.dumps(v[i])}" for i in differ)
-                     + f", {len(ts)} run{'s' * (len(ts) > 1)})" for ts, v in zip(times.values(), values))
+                     + f", {len(ts)} run{'s' * (len(ts) > 1)})" for ts, v in zip(times, values))
 
 
 def settings_groups(runs) -> list:
@@ -340,7 +347,8 @@ def compare(a, b) -> str:
     """Two arms (folders of logs): final val loss mean +- std of each and Welch's two-sided t-test of the
     difference; then, against the first arm's mean final val loss, each run's training time to reach it (its
     first val at or below it) and the ratio of the arms' means with a 95% interval; and the ratio of their
-    training ms per million tokens."""
+    training ms per million tokens. Where an arm's runs differ in SPEED_OWN (kernels, micro-batch), only their
+    losses are compared."""
     lines, arms = [], []
     for path in (a, b):
         runs = usable_runs([path])
@@ -353,8 +361,9 @@ def compare(a, b) -> str:
                             f" an arm is one setting, its seeds; put each setting in an arm of its own")
         losses = [r.final[1] for r in runs]
         step_avg = mean_std([r.final[2] / r.final[0] for r in runs])[0]
+        step_avg = f" step_avg:{step_avg:.1f}ms" if len(speed_groups(runs)) == 1 else ""  # one setting's, or none
         lines.append(f"{str(path):<50} runs:{len(runs)} val_loss:{mean_pm(losses)} "
-                     f"({', '.join(f'{x:.4f}' for x in losses)}) step_avg:{step_avg:.1f}ms")
+                     f"({', '.join(f'{x:.4f}' for x in losses)}){step_avg}")
         arms.append(runs)
     finals = [[r.final[1] for r in runs] for runs in arms]
     diff = float(np.mean(finals[1]) - np.mean(finals[0]))
@@ -363,6 +372,12 @@ def compare(a, b) -> str:
     else:
         p = float(optional("scipy.stats").ttest_ind(finals[1], finals[0], equal_var=False).pvalue)
         lines.append(f"difference (second - first): {diff:+.4f}, Welch's t-test p={p:.4g} (two-sided)")
+    mixed = [f"{Path(path).name}: {train_times(runs)}" for path, runs in zip((a, b), arms)
+             if len(speed_groups(runs)) > 1]
+    if mixed:  # a time is one setting's, as in summary
+        lines.append(f"times not compared: an arm mixes kernel or micro-batch settings ({'; '.join(mixed)}); put "
+                     f"each in an arm of its own")
+        return "\n".join(lines)
     target = float(np.mean(finals[0]))
     reach = [[None if (t := first_val_at_or_below(r, target)) is None else t / 1000 for r in runs] for runs in arms]
     for path, times in zip((a, b), reach):

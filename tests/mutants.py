@@ -604,8 +604,11 @@ MUTANTS = {
          "    groups = settings_groups(runs)\n    if False:\n        lines = [")],
         ["tests/test_records.py::test_runs_of_different_settings_are_never_averaged_together"]),
     "summary averages one recipe's training times over its kernels": ("records/tool.py", [
-        ("    if len(order) == 1:\n        return mean_pm(times[order[0]]",
+        ("    if len(groups) == 1:\n        return mean_pm(times[0]",
          "    if True:\n        return mean_pm([r.final[2] / 1000 for r in done]")],
+        ["tests/test_records.py::test_runs_of_different_settings_are_never_averaged_together"]),
+    "compare times an arm that mixes kernels": ("records/tool.py", [
+        ("    if mixed:  # a time is one setting's, as in summary", "    if False:")],
         ["tests/test_records.py::test_runs_of_different_settings_are_never_averaged_together"]),
     "summary does not look into a record's arm folders": ("records/tool.py", [
         ('        out += own or ([f for f in sorted(p.glob("*/*.txt"))', '        out += own or ([f for f in sorted(p.glob("*/*.none"))')],

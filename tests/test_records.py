@@ -534,7 +534,8 @@ def test_mutants_help_prints_its_usage_without_running_anything():
 def test_runs_of_different_settings_are_never_averaged_together(tmp_path):
     """A smoke run and a books run in one folder (different widths and step counts): summary gives each setting
     its own line and no t-test; compare refuses an arm that mixes them; runs of one recipe through other
-    kernels share a loss line but not a time; a record whose logs sit in arm subfolders is summarized from them."""
+    kernels share a loss line but not a time (compare compares their losses only); a record whose logs sit in
+    arm subfolders is summarized from them."""
     smoke = json.loads(json.dumps(tg.dataclasses.asdict(tg.parse_args(["--preset", "smoke"]))))
     books = json.loads(json.dumps(tg.dataclasses.asdict(tg.parse_args(["--preset", "books"]))))
     (tmp_path / "mixed").mkdir()
@@ -557,6 +558,15 @@ def test_runs_of_different_settings_are_never_averaged_together(tmp_path):
     out = tool.summary([tmp_path / "kernels"], target=None)
     assert ("runs:4 val_loss:8.5150+-0.0129 train_time:53.3s+-0.1s (mlp_kernel=true, 2 runs); 90.5s+-0.1s "
             "(mlp_kernel=false, 2 runs)") in out, out
+    (tmp_path / "one").mkdir()
+    for i in range(2):
+        fake_log(tmp_path / "one" / f"o{i}.txt", [(0, 10.8, 0), (20, 8.52 + i / 100, 50_000)],
+                 config={**smoke, "seed": i})
+    out = tool.compare(tmp_path / "one", tmp_path / "kernels")  # the losses compared, the times not
+    assert "Welch's t-test p=" in out and "ms per 1M" not in out and "time to val" not in out, out
+    assert "times not compared: an arm mixes kernel or micro-batch settings (kernels: 53.3s" in out, out
+    assert "step_avg:2500.0ms" in out and out.count("step_avg") == 1, out  # the mixed arm's line has none
+    assert "ms per 1M" in tool.compare(tmp_path / "one", tmp_path / "one")
     record = tmp_path / "2026-01-01_rec"
     (record / "arm").mkdir(parents=True)
     fake_log(record / "arm" / "a.txt", [(0, 10.8, 0), (1695, 3.27, 170_000)])
