@@ -349,7 +349,7 @@ def compare(a, b) -> str:
     first val at or below it) and the ratio of the arms' means with a 95% interval; and the ratio of their
     training ms per million tokens. Where an arm's runs differ in SPEED_OWN (kernels, micro-batch), only their
     losses are compared."""
-    lines, arms = [], []
+    lines, arms, mixed = [], [], []
     for path in (a, b):
         runs = usable_runs([path])
         why_not = refusal(runs)
@@ -360,8 +360,10 @@ def compare(a, b) -> str:
             raise ToolError(f"{path}: its runs have {len(groups)} different settings ({'; '.join(w for w, _ in groups)}):"
                             f" an arm is one setting, its seeds; put each setting in an arm of its own")
         losses = [r.final[1] for r in runs]
-        step_avg = mean_std([r.final[2] / r.final[0] for r in runs])[0]
-        step_avg = f" step_avg:{step_avg:.1f}ms" if len(speed_groups(runs)) == 1 else ""  # one setting's, or none
+        step_avg = f" step_avg:{mean_std([r.final[2] / r.final[0] for r in runs])[0]:.1f}ms"
+        if len(speed_groups(runs)) > 1:  # a time is one setting's, as in summary: none for this arm
+            mixed.append(f"{Path(path).name}: {train_times(runs)}")
+            step_avg = ""
         lines.append(f"{str(path):<50} runs:{len(runs)} val_loss:{mean_pm(losses)} "
                      f"({', '.join(f'{x:.4f}' for x in losses)}){step_avg}")
         arms.append(runs)
@@ -372,9 +374,7 @@ def compare(a, b) -> str:
     else:
         p = float(optional("scipy.stats").ttest_ind(finals[1], finals[0], equal_var=False).pvalue)
         lines.append(f"difference (second - first): {diff:+.4f}, Welch's t-test p={p:.4g} (two-sided)")
-    mixed = [f"{Path(path).name}: {train_times(runs)}" for path, runs in zip((a, b), arms)
-             if len(speed_groups(runs)) > 1]
-    if mixed:  # a time is one setting's, as in summary
+    if mixed:
         lines.append(f"times not compared: an arm mixes kernel or micro-batch settings ({'; '.join(mixed)}); put "
                      f"each in an arm of its own")
         return "\n".join(lines)
