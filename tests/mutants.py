@@ -608,7 +608,8 @@ MUTANTS = {
          "    if True:\n        return mean_pm([r.final[2] / 1000 for r in done]")],
         ["tests/test_records.py::test_runs_of_different_settings_are_never_averaged_together"]),
     "compare times an arm that mixes kernels": ("records/tool.py", [
-        ("    if mixed:\n        lines.append(f\"times not compared", "    if False:\n        lines.append(f\"times not compared")],
+        ("    if mixed:\n        lines.append(f\"times not compared",
+         "    if False:\n        lines.append(f\"times not compared")],
         ["tests/test_records.py::test_runs_of_different_settings_are_never_averaged_together"]),
     "summary does not look into a record's arm folders": ("records/tool.py", [
         ('        out += own or ([f for f in sorted(p.glob("*/*.txt"))', '        out += own or ([f for f in sorted(p.glob("*/*.none"))')],
