@@ -4780,7 +4780,8 @@ def _softcap_ce_cuda(z: Tensor, targets: Tensor, weights: Tensor, grad_s: float,
                                                    targets if prefix is None else prefix.contiguous(),
                                                    V=V, CAP=SOFTCAP, SHIFT=SOFTCAP_SHIFT, DIV=SOFTCAP_DIV,
                                                    TOP=top, BLOCK_T=block_t, BLOCK_V=block_v, APPROX=approx,
-                                                   PREFIX=prefix is not None, num_warps=warps)
+                                                   PREFIX=prefix is not None, WHOLE_ROWS=T % block_t == 0,
+                                                   num_warps=warps)
     return loss, ntp, g
 
 
@@ -4875,37 +4876,98 @@ if triton is not None:
         return 2.0 / (1.0 + tl.exp2(x * (-2.0 * LOG2E))) - 1.0  # 2 sigmoid(2x) - 1
 
     @triton.jit
-    def _capped_log2(z_ptr, rows, t, live, V: tl.constexpr, SHIFT: tl.constexpr, DIV: tl.constexpr,
-                     HALF_CAP2: tl.constexpr, APPROX: tl.constexpr):
-        """The capped logit of column t of each row in base-2 units: (tanh((z + SHIFT) / (2 DIV)) + 1) CAP/2 log2 e."""
+    def _capped_tanh(z_ptr, rows, t, live, V: tl.constexpr, SHIFT: tl.constexpr, DIV: tl.constexpr,
+                     APPROX: tl.constexpr):
+        """tanh((z + SHIFT) / (2 DIV)) at column t of each row, as the tiles compute it (the capped logit is
+        (tanh + 1) CAP/2)."""
         z = tl.load(z_ptr + rows * V + t, mask=live, other=0.0).to(tl.float32)
-        return (_tanh((z + SHIFT) * (0.5 / DIV), APPROX) + 1.0) * HALF_CAP2
+        return _tanh((z + SHIFT) * (0.5 / DIV), APPROX)
+
+    @triton.jit
+    def _softcap_ce_tile(z_ptr, at, v0, V: tl.constexpr, BLOCK_V: tl.constexpr, TAIL: tl.constexpr):
+        """Rows at's columns v0 .. v0 + BLOCK_V of z in fp32, and where they lie in the vocab (TAIL: the last
+        tile, masked at the vocab's end; else all columns are inside and nothing is masked)."""
+        cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
+        inside = (cols < V)[None, :]
+        if TAIL:
+            z = tl.load(z_ptr + at[:, None] * V + cols[None, :], mask=inside, other=0.0)
+        else:
+            z = tl.load(z_ptr + at[:, None] * V + cols[None, :])
+        return z.to(tl.float32), cols, inside
+
+    @triton.jit
+    def _softcap_ce_sum(z_ptr, at, v0, V: tl.constexpr, SHIFT: tl.constexpr, DIV: tl.constexpr,
+                        HALF_CAP2: tl.constexpr, BLOCK_V: tl.constexpr, APPROX: tl.constexpr, TAIL: tl.constexpr):
+        """Each row's sum of exp(c - CAP) over one tile of columns."""
+        z, cols, inside = _softcap_ce_tile(z_ptr, at, v0, V, BLOCK_V, TAIL)
+        e = tl.exp2(_tanh((z + SHIFT) * (0.5 / DIV), APPROX) * HALF_CAP2 - HALF_CAP2)
+        if TAIL:
+            e = tl.where(inside, e, 0.0)
+        return tl.sum(e, axis=1)
+
+    @triton.jit
+    def _softcap_ce_grad(z_ptr, g_ptr, rows, at, live, v0, weight_sum, lse2, scale, V: tl.constexpr,
+                         SHIFT: tl.constexpr, DIV: tl.constexpr, HALF_CAP2: tl.constexpr, TOP: tl.constexpr,
+                         BLOCK_V: tl.constexpr, APPROX: tl.constexpr, TAIL: tl.constexpr, WHOLE_ROWS: tl.constexpr):
+        """One tile of the grad as if none of its columns were a target (the kernel writes those again)."""
+        z, cols, inside = _softcap_ce_tile(z_ptr, at, v0, V, BLOCK_V, TAIL)
+        th = _tanh((z + SHIFT) * (0.5 / DIV), APPROX)
+        g = weight_sum[:, None] * tl.exp2(th * HALF_CAP2 + (HALF_CAP2 - lse2[:, None])) * (1.0 - th * th) * scale
+        g = tl.minimum(tl.maximum(g, -TOP), TOP).to(g_ptr.dtype.element_ty)
+        at_g = g_ptr + rows[:, None] * V + cols[None, :]
+        if WHOLE_ROWS:
+            if TAIL:
+                tl.store(at_g, g, mask=inside)
+            else:
+                tl.store(at_g, g)
+        else:
+            if TAIL:
+                tl.store(at_g, g, mask=live[:, None] & inside)
+            else:
+                tl.store(at_g, g, mask=live[:, None])
+
+    @triton.jit
+    def _softcap_ce_target_grad(g_ptr, rows, t, th, live, weight_sum, lse2, scale, t0, w0, t1, w1, t2, w2, tp, wp,
+                                V: tl.constexpr, HALF_CAP2: tl.constexpr, TOP: tl.constexpr, PREFIX: tl.constexpr):
+        """The grad at each row's target column t (where live) with the terms of every target that is t: the
+        same value whichever of them writes it."""
+        dc = weight_sum * tl.exp2(th * HALF_CAP2 + (HALF_CAP2 - lse2))
+        dc -= tl.where(t0 == t, w0, 0.0)
+        dc -= tl.where(t1 == t, w1, 0.0)
+        dc -= tl.where(t2 == t, w2, 0.0)
+        if PREFIX:
+            dc -= tl.where(tp == t, wp, 0.0)
+        g = tl.minimum(tl.maximum(dc * (1.0 - th * th) * scale, -TOP), TOP).to(g_ptr.dtype.element_ty)
+        tl.store(g_ptr + rows * V + t, g, mask=live)
 
     @triton.jit
     def _softcap_ce_kernel(z_ptr, targets_ptr, weights_ptr, loss_ptr, ntp_ptr, g_ptr, T, N, row0, S, inv_grad_s,
                            prefix_ptr,
                            V: tl.constexpr, CAP: tl.constexpr, SHIFT: tl.constexpr, DIV: tl.constexpr,
                            TOP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, APPROX: tl.constexpr,
-                           PREFIX: tl.constexpr):
+                           PREFIX: tl.constexpr, WHOLE_ROWS: tl.constexpr):
         """Rows [pid*BLOCK_T, +BLOCK_T) of softcap_ce_rows: a pass over the vocab for the log-sum-exp, a second
-        that writes each (BLOCK_T x BLOCK_V) tile of the grad (e5m2 or bf16: g's dtype). Row r of z's T rows is
-        row row0 + r of the N rows that targets (and prefix) hold, sequences of S rows end to end. The cap is
-        written with tanh, sigmoid(u) = (1 + tanh(u/2)) / 2, so c - CAP = CAP/2 (t - 1) and dc/dz = CAP/(4 DIV)
-        (1 - t^2). Exponentials are base 2 with log2(e) folded into the constants, and no running max is kept:
-        the capped logits lie in (0, CAP), so exp(c - CAP) lies in (e^-CAP, 1] and a sum of them cannot overflow
-        fp32. The next 3 tokens' targets (k = 0, 1, 2, those in the row's sequence of S rows) carry weights[k]; with
-        PREFIX, each row's prefix token (prefix_ptr, -1 for none) weights[3]."""
+        that writes each (BLOCK_T x BLOCK_V) tile of the grad (e5m2 or bf16: g's dtype) as if no column were a
+        target, then each row's target columns again, with their terms. Row r of z's T rows is row row0 + r of
+        the N rows that targets (and prefix) hold, sequences of S rows end to end. The cap is written with
+        tanh, sigmoid(u) = (1 + tanh(u/2)) / 2, so c - CAP = CAP/2 (t - 1) and dc/dz = CAP/(4 DIV) (1 - t^2).
+        Exponentials are base 2 with log2(e) folded into the constants, and no running max is kept: the capped
+        logits lie in (0, CAP), so exp(c - CAP) lies in (e^-CAP, 1] and a sum of them cannot overflow fp32. The
+        next 3 tokens' targets (k = 0, 1, 2, those in the row's sequence of S rows) carry weights[k]; with
+        PREFIX, each row's prefix token (prefix_ptr, -1 for none) weights[3]. Only the vocab's last tile is
+        masked, and rows past T (none where WHOLE_ROWS: BLOCK_T divides T) read row T - 1 and store nothing:
+        per element, the targets' compares and the masks were about half of the second pass's instructions."""
         HALF_CAP2: tl.constexpr = 0.5 * CAP * LOG2E  # c - CAP in base-2 units, per unit of (t - 1)
+        V_WHOLE: tl.constexpr = V // BLOCK_V * BLOCK_V  # the columns of whole tiles
         rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)  # offsets pass 2^31
         live = rows < T
+        at = tl.minimum(rows, T - 1)  # the row each reads
         pos = rows + row0  # the row's index into targets, and so its place in its sequence
         s = tl.zeros((BLOCK_T,), tl.float32)
-        for v0 in range(0, V, BLOCK_V):
-            cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
-            inside = live[:, None] & (cols < V)[None, :]  # the last tile may pass the vocab's end
-            z = tl.load(z_ptr + rows[:, None] * V + cols[None, :], mask=inside, other=0.0).to(tl.float32)
-            th = _tanh((z + SHIFT) * (0.5 / DIV), APPROX)
-            s += tl.sum(tl.where(inside, tl.exp2(th * HALF_CAP2 - HALF_CAP2), 0.0), axis=1)  # exp(c - CAP)
+        for v0 in range(0, V_WHOLE, BLOCK_V):
+            s += _softcap_ce_sum(z_ptr, at, v0, V, SHIFT, DIV, HALF_CAP2, BLOCK_V, APPROX, False)
+        if V_WHOLE < V:
+            s += _softcap_ce_sum(z_ptr, at, V_WHOLE, V, SHIFT, DIV, HALF_CAP2, BLOCK_V, APPROX, True)
         lse2 = CAP * LOG2E + tl.log2(s)  # log2 of sum(exp(c))
         live1 = live & (pos % S + 1 < S) & (pos + 1 < N)
         live2 = live & (pos % S + 2 < S) & (pos + 2 < N)
@@ -4915,33 +4977,40 @@ if triton is not None:
         w0 = tl.load(weights_ptr)
         w1 = tl.where(live1, tl.load(weights_ptr + 1), 0.0)
         w2 = tl.where(live2, tl.load(weights_ptr + 2), 0.0)
-        c0 = _capped_log2(z_ptr, rows, t0, live, V, SHIFT, DIV, HALF_CAP2, APPROX)
-        c1 = _capped_log2(z_ptr, rows, t1, live1, V, SHIFT, DIV, HALF_CAP2, APPROX)
-        c2 = _capped_log2(z_ptr, rows, t2, live2, V, SHIFT, DIV, HALF_CAP2, APPROX)
+        th0 = _capped_tanh(z_ptr, rows, t0, live, V, SHIFT, DIV, APPROX)
+        th1 = _capped_tanh(z_ptr, rows, t1, live1, V, SHIFT, DIV, APPROX)
+        th2 = _capped_tanh(z_ptr, rows, t2, live2, V, SHIFT, DIV, APPROX)
+        c0 = (th0 + 1.0) * HALF_CAP2  # capped logits in base-2 units
         tl.store(ntp_ptr + rows, (lse2 - c0) / LOG2E, mask=live)
-        loss = w0 * (lse2 - c0) + w1 * (lse2 - c1) + w2 * (lse2 - c2)
+        loss = w0 * (lse2 - c0) + w1 * (lse2 - (th1 + 1.0) * HALF_CAP2) + w2 * (lse2 - (th2 + 1.0) * HALF_CAP2)
         weight_sum = w0 + w1 + w2
+        tp = tl.full((BLOCK_T,), -1, tl.int64)
+        wp = tl.zeros((BLOCK_T,), tl.float32)
+        thp = wp
         if PREFIX:
             tp = tl.load(prefix_ptr + pos, mask=live, other=-1).to(tl.int64)
-            livep = live & (tp >= 0)
-            wp = tl.where(livep, tl.load(weights_ptr + 3), 0.0)
-            loss += wp * (lse2 - _capped_log2(z_ptr, rows, tp, livep, V, SHIFT, DIV, HALF_CAP2, APPROX))
+            wp = tl.where(live & (tp >= 0), tl.load(weights_ptr + 3), 0.0)
+            thp = _capped_tanh(z_ptr, rows, tp, live & (tp >= 0), V, SHIFT, DIV, APPROX)
+            loss += wp * (lse2 - (thp + 1.0) * HALF_CAP2)
             weight_sum += wp
         tl.store(loss_ptr + rows, loss / LOG2E, mask=live)
-        for v0 in range(0, V, BLOCK_V):
-            cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
-            inside = live[:, None] & (cols < V)[None, :]
-            z = tl.load(z_ptr + rows[:, None] * V + cols[None, :], mask=inside, other=0.0).to(tl.float32)
-            th = _tanh((z + SHIFT) * (0.5 / DIV), APPROX)
-            dc = weight_sum[:, None] * tl.exp2(th * HALF_CAP2 + (HALF_CAP2 - lse2[:, None]))
-            dc -= tl.where(cols[None, :] == t0[:, None], w0, 0.0)
-            dc -= tl.where(cols[None, :] == t1[:, None], w1[:, None], 0.0)
-            dc -= tl.where(cols[None, :] == t2[:, None], w2[:, None], 0.0)
-            if PREFIX:
-                dc -= tl.where(cols[None, :] == tp[:, None], wp[:, None], 0.0)
-            g = dc * (1.0 - th * th) * (inv_grad_s * CAP / (4.0 * DIV))
-            g = tl.minimum(tl.maximum(g, -TOP), TOP).to(g_ptr.dtype.element_ty)
-            tl.store(g_ptr + rows[:, None] * V + cols[None, :], g, mask=inside)
+        scale = inv_grad_s * CAP / (4.0 * DIV)
+        for v0 in range(0, V_WHOLE, BLOCK_V):
+            _softcap_ce_grad(z_ptr, g_ptr, rows, at, live, v0, weight_sum, lse2, scale, V, SHIFT, DIV, HALF_CAP2,
+                             TOP, BLOCK_V, APPROX, False, WHOLE_ROWS)
+        if V_WHOLE < V:
+            _softcap_ce_grad(z_ptr, g_ptr, rows, at, live, V_WHOLE, weight_sum, lse2, scale, V, SHIFT, DIV,
+                             HALF_CAP2, TOP, BLOCK_V, APPROX, True, WHOLE_ROWS)
+        tl.debug_barrier()  # the tiles' stores, by whichever of the program's threads, land before these
+        _softcap_ce_target_grad(g_ptr, rows, t0, th0, live, weight_sum, lse2, scale, t0, w0, t1, w1, t2, w2, tp, wp,
+                                V, HALF_CAP2, TOP, PREFIX)
+        _softcap_ce_target_grad(g_ptr, rows, t1, th1, live1, weight_sum, lse2, scale, t0, w0, t1, w1, t2, w2, tp, wp,
+                                V, HALF_CAP2, TOP, PREFIX)
+        _softcap_ce_target_grad(g_ptr, rows, t2, th2, live2, weight_sum, lse2, scale, t0, w0, t1, w1, t2, w2, tp, wp,
+                                V, HALF_CAP2, TOP, PREFIX)
+        if PREFIX:
+            _softcap_ce_target_grad(g_ptr, rows, tp, thp, live & (tp >= 0), weight_sum, lse2, scale, t0, w0, t1, w1,
+                                    t2, w2, tp, wp, V, HALF_CAP2, TOP, PREFIX)
 
     @triton.jit
     def _relu_square_mm_kernel(a_desc, b_desc, c_desc, post_desc, scale_ptr, f8_desc, act_scale_ptr, top_ptr, M, N,

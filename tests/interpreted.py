@@ -15,8 +15,9 @@ it) and numpy<2 (the interpreter's scalars). Not run by pytest: the interpreter 
    in each program and in a grid of their own (DC_KV_HEADS_IN_GRID);
 4. the softcapped cross-entropy kernel on fp32 logits, with and without the prefix-token term, against the
    rule (softcap_ce_parts): losses to 1e-5, the e5m2 grad within its rounding of the rule's; launched on rows
-   that start part-way into a sequence (the bf16 head's chunks), the fp32 grad to 1e-5; and the bf16 head
-   (softcap_head_chunks) with its chunks through the kernel against the rule's: losses and grads;
+   that start part-way into a sequence (the bf16 head's chunks), and on targets of three token ids (a row's
+   targets repeat), the fp32 grad to 1e-5; and the bf16 head (softcap_head_chunks) with its chunks through
+   the kernel against the rule's: losses and grads;
 5. the fused ReLU^2 kernel's FP8 forward for --fp8_down (its tile, and a candidate of 4 stages in 4 column
    blocks), persistent programs of two tiles each, against the op's torch path: post within bf16's rounding
    (the interpreter's bf16 is its own), the largest value exactly the kernel's post's, and the e4m3 copy
@@ -79,7 +80,8 @@ def dc_kernel_cases(heads_in_grid: bool = False):
 def ce_kernel_cases():
     """(what, largest loss difference, the grads' relative difference, its bound) of the CE kernel against the
     rule: the FP8 head's launches (e5m2 grad: 2 mantissa bits, about 5% rms), and the bf16 head's, a chunk of
-    rows that starts part-way into a sequence (row0), with the grad in fp32 here."""
+    rows that starts part-way into a sequence (row0), and targets that repeat in a row's terms (the kernel
+    writes a target's column after the rest, with the terms of every target on it), the grad in fp32 here."""
     gen = torch.Generator().manual_seed(0)
     T, V = 64, 500  # a vocab that is no multiple of the tile: the last tile's columns are masked
     z = torch.randn(T, V, generator=gen) * 5
@@ -101,6 +103,14 @@ def ce_kernel_cases():
         want_loss, want_ntp, dz = tg.softcap_ce_parts(zc, targets[:n], w, 32, prefix[:n], row0=row0)
         far = max((loss - want_loss).abs().max().item(), (ntp - want_ntp).abs().max().item())
         yield f"CE + prefix, rows {row0}..{row0 + rows - 1} alone", far, ((g - dz).norm() / dz.norm()).item(), 1e-5
+    # three token ids: a row's targets and prefix token often fall on one column, whose grad holds all their terms
+    few = torch.randint(0, 3, (T,), generator=gen)
+    few_prefix = torch.where(torch.rand(T, generator=gen) < 0.3, -1, torch.randint(0, 3, (T,), generator=gen))
+    out = (torch.empty(T), torch.empty(T), torch.empty(T, V))
+    loss, ntp, g = tg._softcap_ce_cuda(z, few, w, 1.0, (8, 128, 4), False, 32, out, few_prefix)
+    want_loss, want_ntp, dz = tg.softcap_ce_parts(z, few, w, 32, few_prefix)
+    far = max((loss - want_loss).abs().max().item(), (ntp - want_ntp).abs().max().item())
+    yield "CE + prefix, repeating targets", far, ((g - dz).norm() / dz.norm()).item(), 1e-5
 
 
 def bf16_head_case() -> tuple[float, float]:

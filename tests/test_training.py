@@ -610,6 +610,11 @@ def assert_ce_kernel_matches_fallback(z, targets, weights, loss_atol: float, app
     torch.testing.assert_close(ntp.cpu(), ref_ntp, atol=loss_atol, rtol=1e-5)
     differ = (g.cpu().float() != ref_g.float()).float().mean().item()
     assert differ < 1e-3, differ
+    # the target columns, a few in 50,304 (the kernel writes them last): each within an e5m2 step of the rule's
+    cols = torch.stack([targets.roll(-k) for k in range(3)] + ([] if prefix is None else [prefix]), 1).cpu()
+    at = cols.clamp(min=0)
+    got, want = g.cpu().float().gather(1, at), ref_g.float().gather(1, at)
+    assert ((got - want).abs() <= 0.25 * want.abs() + 1e-6).all()
     assert torch.equal(g_t.view(torch.uint8), g.view(torch.uint8).T)
 
 
@@ -636,6 +641,19 @@ def test_cuda_softcap_ce_kernel_with_the_prefix_term():
     prefix = torch.tensor(tg.prefix_tokens(50304), device="cuda")[targets]
     weights = torch.tensor([1.0, 0.5, 0.25, 0.25], device="cuda")
     assert (prefix >= 0).any() and (prefix < 0).any()
+    assert_ce_kernel_matches_fallback(z, targets, weights, 1e-4, False, 250, prefix)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_softcap_ce_kernel_sums_the_terms_of_repeated_targets():
+    """Targets of four token ids: a row's three next tokens and its prefix token often share a column, whose
+    grad (written after the tiles, by whichever term's thread) must hold all their terms."""
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    z = (torch.randn(1000, 50304, device="cuda", generator=gen) * 20).bfloat16()
+    targets = torch.randint(0, 4, (1000,), device="cuda", generator=gen)
+    prefix = torch.where(torch.rand(1000, device="cuda", generator=gen) < 0.3, -1,
+                         torch.randint(0, 4, (1000,), device="cuda", generator=gen))
+    weights = torch.tensor([1.0, 0.5, 0.25, 0.25], device="cuda")
     assert_ce_kernel_matches_fallback(z, targets, weights, 1e-4, False, 250, prefix)
 
 

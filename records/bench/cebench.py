@@ -1,0 +1,75 @@
+"""Time the soft-capped cross-entropy kernel (softcap_ce_rows on a GPU: the FP8 head's loss, its e5m2 grad) at
+one launch of the default: a 16,384-row sequence of bf16 logits over the 50,304-column vocab, the multi-token
+weights and the prefix term on, tanh.approx, as a stage-3 step makes it 24 times. Each launch of LAUNCHES
+(rows, vocab columns, warps) is timed (CUDA events, the median of --n calls); the line per launch gives a
+checksum of what it wrote (losses and grad bytes), so that two versions of the trainer (--script, one per
+process: both register the same torch ops) can be shown to write the same bytes. One process on the GPU at a
+time.
+
+    python records/bench/cebench.py [--script train_gpt.py] [--n 50] [--launches JSON] [--out FILE]
+"""
+import argparse
+import hashlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dcbench import timed  # noqa: E402  CUDA events, the median of n runs after 3 unclocked
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCHES = [(8, 512, 8), (4, 512, 4), (8, 256, 8), (16, 512, 8), (8, 1024, 8), (4, 1024, 8), (2, 1024, 4),
+            (8, 128, 4), (16, 256, 8)]
+ROWS, LAUNCHES_PER_STEP = 16384, 24  # a stage-3 step: 24 sequences of 16,384 rows
+
+
+def checksum(*tensors) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()[:12]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--script", default=str(REPO / "train_gpt.py"), help="the trainer whose kernel is timed")
+    parser.add_argument("--n", type=int, default=50)
+    parser.add_argument("--launches", default=None, help="a JSON list of [rows, columns, warps] to time instead")
+    parser.add_argument("--out", default=None, help="a file the lines are appended to")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("error: cebench times a GPU kernel: it needs CUDA")
+    spec = importlib.util.spec_from_file_location("train_gpt", args.script)
+    tg = importlib.util.module_from_spec(spec)
+    sys.modules["train_gpt"] = tg
+    spec.loader.exec_module(tg)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    V = 50304
+    z = (torch.randn(ROWS, V, device="cuda", generator=gen) * 4).bfloat16()
+    targets = torch.randint(0, 50257, (ROWS,), device="cuda", generator=gen)
+    prefix = torch.tensor(tg.prefix_tokens(V), device="cuda")[targets]
+    weights = torch.tensor([1.0, 0.5, 0.25, 0.25], device="cuda")
+    out = tg.ce_outputs(ROWS, V, z.device)
+    launches = [tuple(x) for x in json.loads(args.launches)] if args.launches else LAUNCHES
+    lines = [f"{Path(args.script).name}: {torch.cuda.get_device_name()}, {ROWS} x {V} logits, n {args.n}"]
+    for launch in launches:
+        def call():
+            tg.softcap_ce_rows(z, targets, weights, tg.HEAD_GRAD_SCALE, launch, True, ROWS, out, prefix)
+        try:
+            ms = timed(call, args.n)
+        except Exception as e:  # a launch that does not fit the GPU
+            lines.append(f"{launch}: {type(e).__name__}")
+            continue
+        lines.append(f"{launch}: {ms:.3f} ms a call, {LAUNCHES_PER_STEP * ms:.1f} ms a stage-3 step; "
+                     f"checksum {checksum(*out)}")
+        print(lines[-1], flush=True)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
