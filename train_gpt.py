@@ -4284,10 +4284,13 @@ DC_KV_WARPS = 4                 # dc_mix's key side: warps per program
 DC_KV_HEADS_IN_GRID = True
 MLP_HOPPER_TILES = ((128, 256, 64, 8, 4, 2, 0, 1), (128, 128, 64, 8, 3, 4, 0, 2), (128, 256, 128, 8, 4, 2, 0, 1),
                     (128, 256, 128, 8, 3, 2, 0, 1))
-ATTN_TILE = ("queries", "keys", "warps", "stages")  # a window_attention kernel's launch: its tile, its pipeline
+# a window_attention kernel's launch: its tile, its pipeline, and whether the tiles it walks (keys and values, or
+# queries and out grads) come by TMA descriptors
+ATTN_TILE = ("queries", "keys", "warps", "stages", "tma")
 # forward's, dq's and dk/dv's (KernelSettings.attn_tiles; the dk/dv kernel's queries divide its keys): the
-# fastest of three each at stage 3's shapes on an H100 (records/2026-12-07_attn-h100, records/bench/attnbench.py)
-ATTN_HOPPER_TILES = ((64, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 2))
+# fastest of three each at stage 3's shapes on an H100 (records/2026-12-07_attn-h100, records/bench/attnbench.py);
+# TMA off, not yet timed (records/2026-12-08_ce-sass)
+ATTN_HOPPER_TILES = ((64, 64, 4, 3, 0), (64, 64, 4, 2, 0), (64, 64, 4, 2, 0))
 
 
 def ce_outputs(rows: int, vocab: int, device) -> tuple[Tensor, Tensor, Tensor]:
@@ -4642,14 +4645,17 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, first: Tensor, tiles: list
     the key tiles from its first query's first key to itself: those before its last query's first key and
     its own diagonal masked by mask_rule, the ones between whole (no block tables: first only rises)."""
     N, H, D = q.shape
-    bm, bn, warps, stages = tiles[:len(ATTN_TILE)]
-    assert N % max(tiles[:2] + tiles[4:6] + tiles[8:10]) == 0, "whole tiles only: sequences are in 128s"
+    n = len(ATTN_TILE)
+    fwd, dq, dkdv = (tiles[i * n:(i + 1) * n] for i in range(3))
+    assert N % max(*fwd[:2], *dq[:2], *dkdv[:2]) == 0, "whole tiles only: sequences are in 128s"
     # the key ranges step in tiles that the query tile holds whole (forward, dq), and the query ranges in tiles
     # that the key tile holds (dk/dv)
-    assert tiles[0] % tiles[1] == 0 and tiles[4] % tiles[5] == 0 and tiles[9] % tiles[8] == 0, tiles
+    assert fwd[0] % fwd[1] == 0 and dq[0] % dq[1] == 0 and dkdv[1] % dkdv[0] == 0, tiles
+    bm, bn, warps, stages, tma = fwd
     out, lse = torch.empty_like(q), q.new_empty(N, H, dtype=torch.float32)
-    _attn_fwd_kernel[(N // bm, H)](q, k, v, first, out, lse, *_attn_strides(q, k, v, out), H=H, D=D, BM=bm, BN=bn,
-                                   num_warps=warps, num_stages=stages)
+    k_in, v_in = (_attn_rows(t, bn) for t in (k, v)) if tma else (k, v)
+    _attn_fwd_kernel[(N // bm, H)](q, k_in, v_in, first, out, lse, *_attn_strides(q, k, v, out), H=H, D=D, BM=bm,
+                                   BN=bn, TMA=bool(tma), num_warps=warps, num_stages=stages)
     return out, lse
 
 
@@ -4667,25 +4673,35 @@ def window_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse:
     calls. No atomics: the same grads every run."""
     N, H, D = q.shape
     n = len(ATTN_TILE)
-    (bm, bn, warps, stages), (bm2, bn2, warps2, stages2) = tiles[n:2 * n], tiles[2 * n:3 * n]
+    (bm, bn, warps, stages, tma), (bm2, bn2, warps2, stages2, tma2) = tiles[n:2 * n], tiles[2 * n:3 * n]
     g = g.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     delta = torch.empty_like(lse)
-    _attn_dq_kernel[(N // bm, H)](q, k, v, out, g, first, lse, delta, dq, *_attn_strides(q, k, v, out, g, dq), H=H,
-                                  D=D, BM=bm, BN=bn, num_warps=warps, num_stages=stages)
+    k_in, v_in = (_attn_rows(t, bn) for t in (k, v)) if tma else (k, v)
+    _attn_dq_kernel[(N // bm, H)](q, k_in, v_in, out, g, first, lse, delta, dq, *_attn_strides(q, k, v, out, g, dq),
+                                  H=H, D=D, BM=bm, BN=bn, TMA=bool(tma), num_warps=warps, num_stages=stages)
     # per key tile: the end of the queries that see any of its keys, and of those that see all of them
     last_key = torch.arange(bn2 - 1, N, bn2, device=q.device, dtype=first.dtype)
     q_end = torch.searchsorted(first, last_key, right=True).int()
     q_full = torch.searchsorted(first, last_key - (bn2 - 1), right=True).int()
-    _attn_dkdv_kernel[(N // bn2, H)](q, k, v, g, first, lse, delta, q_end, q_full, dk, dv, N,
-                                     *_attn_strides(q, k, v, g, dk, dv), H=H, D=D, BM=bm2, BN=bn2, num_warps=warps2,
-                                     num_stages=stages2)
+    q_in, g_in = (_attn_rows(t, bm2) for t in (q, g)) if tma2 else (q, g)
+    _attn_dkdv_kernel[(N // bn2, H)](q_in, k, v, g_in, first, lse, delta, q_end, q_full, dk, dv, N,
+                                     *_attn_strides(q, k, v, g, dk, dv), H=H, D=D, BM=bm2, BN=bn2, TMA=bool(tma2),
+                                     num_warps=warps2, num_stages=stages2)
     return dq, dk, dv
 
 
 @window_attention_backward.register_fake
 def _(q, k, v, out, lse, g, first, tiles):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _attn_rows(t: Tensor, rows: int):
+    """A TMA descriptor of (N, H, D) t as the (N, H D) matrix of its tokens, in tiles of rows tokens by one head:
+    head h of the tokens from n0 is the tile at [n0, h D] (the heads lie D apart, as the model's views have them)."""
+    N, H, D = t.shape
+    assert t.stride(1) == D and t.stride(2) == 1, t.stride()
+    return TensorDescriptor(t, [N, H * D], [t.stride(0), 1], [rows, D])
 
 
 def _attn_strides(*tensors) -> list:
@@ -4876,12 +4892,16 @@ if triton is not None:
         return 2.0 / (1.0 + tl.exp2(x * (-2.0 * LOG2E))) - 1.0  # 2 sigmoid(2x) - 1
 
     @triton.jit
+    def _cap_tanh(z, SHIFT: tl.constexpr, DIV: tl.constexpr, APPROX: tl.constexpr):
+        """tanh((z + SHIFT) / (2 DIV)), its argument in one fused multiply-add: the capped logit is
+        (tanh + 1) CAP/2."""
+        return _tanh(z * (0.5 / DIV) + SHIFT * (0.5 / DIV), APPROX)
+
+    @triton.jit
     def _capped_tanh(z_ptr, rows, t, live, V: tl.constexpr, SHIFT: tl.constexpr, DIV: tl.constexpr,
                      APPROX: tl.constexpr):
-        """tanh((z + SHIFT) / (2 DIV)) at column t of each row, as the tiles compute it (the capped logit is
-        (tanh + 1) CAP/2)."""
-        z = tl.load(z_ptr + rows * V + t, mask=live, other=0.0).to(tl.float32)
-        return _tanh((z + SHIFT) * (0.5 / DIV), APPROX)
+        """_cap_tanh at column t of each row."""
+        return _cap_tanh(tl.load(z_ptr + rows * V + t, mask=live, other=0.0).to(tl.float32), SHIFT, DIV, APPROX)
 
     @triton.jit
     def _softcap_ce_tile(z_ptr, at, v0, V: tl.constexpr, BLOCK_V: tl.constexpr, TAIL: tl.constexpr):
@@ -4896,23 +4916,25 @@ if triton is not None:
         return z.to(tl.float32), cols, inside
 
     @triton.jit
-    def _softcap_ce_sum(z_ptr, at, v0, V: tl.constexpr, SHIFT: tl.constexpr, DIV: tl.constexpr,
+    def _softcap_ce_exp(z_ptr, at, v0, V: tl.constexpr, SHIFT: tl.constexpr, DIV: tl.constexpr,
                         HALF_CAP2: tl.constexpr, BLOCK_V: tl.constexpr, APPROX: tl.constexpr, TAIL: tl.constexpr):
-        """Each row's sum of exp(c - CAP) over one tile of columns."""
+        """exp(c - CAP) over one tile of columns (0 past the vocab's end)."""
         z, cols, inside = _softcap_ce_tile(z_ptr, at, v0, V, BLOCK_V, TAIL)
-        e = tl.exp2(_tanh((z + SHIFT) * (0.5 / DIV), APPROX) * HALF_CAP2 - HALF_CAP2)
+        e = tl.exp2(_cap_tanh(z, SHIFT, DIV, APPROX) * HALF_CAP2 - HALF_CAP2)
         if TAIL:
             e = tl.where(inside, e, 0.0)
-        return tl.sum(e, axis=1)
+        return e
 
     @triton.jit
-    def _softcap_ce_grad(z_ptr, g_ptr, rows, at, live, v0, weight_sum, lse2, scale, V: tl.constexpr,
-                         SHIFT: tl.constexpr, DIV: tl.constexpr, HALF_CAP2: tl.constexpr, TOP: tl.constexpr,
-                         BLOCK_V: tl.constexpr, APPROX: tl.constexpr, TAIL: tl.constexpr, WHOLE_ROWS: tl.constexpr):
-        """One tile of the grad as if none of its columns were a target (the kernel writes those again)."""
+    def _softcap_ce_grad(z_ptr, g_ptr, rows, at, live, v0, row_scale, row_shift, V: tl.constexpr, SHIFT: tl.constexpr,
+                         DIV: tl.constexpr, HALF_CAP2: tl.constexpr, TOP: tl.constexpr, BLOCK_V: tl.constexpr,
+                         APPROX: tl.constexpr, TAIL: tl.constexpr, WHOLE_ROWS: tl.constexpr):
+        """One tile of the grad as if none of its columns were a target (the kernel writes those again):
+        softmax(c) (1 - t^2) = exp2(t HALF_CAP2 + row_shift) (1 - t^2) times row_scale, the row's weight sum in
+        the grad's units."""
         z, cols, inside = _softcap_ce_tile(z_ptr, at, v0, V, BLOCK_V, TAIL)
-        th = _tanh((z + SHIFT) * (0.5 / DIV), APPROX)
-        g = weight_sum[:, None] * tl.exp2(th * HALF_CAP2 + (HALF_CAP2 - lse2[:, None])) * (1.0 - th * th) * scale
+        th = _cap_tanh(z, SHIFT, DIV, APPROX)
+        g = tl.exp2(th * HALF_CAP2 + row_shift[:, None]) * (1.0 - th * th) * row_scale[:, None]
         g = tl.minimum(tl.maximum(g, -TOP), TOP).to(g_ptr.dtype.element_ty)
         at_g = g_ptr + rows[:, None] * V + cols[None, :]
         if WHOLE_ROWS:
@@ -4927,18 +4949,20 @@ if triton is not None:
                 tl.store(at_g, g, mask=live[:, None])
 
     @triton.jit
-    def _softcap_ce_target_grad(g_ptr, rows, t, th, live, weight_sum, lse2, scale, t0, w0, t1, w1, t2, w2, tp, wp,
-                                V: tl.constexpr, HALF_CAP2: tl.constexpr, TOP: tl.constexpr, PREFIX: tl.constexpr):
+    def _softcap_ce_target_grad(g_ptr, rows, t, th, live, terms, V: tl.constexpr, HALF_CAP2: tl.constexpr,
+                                TOP: tl.constexpr, PREFIX: tl.constexpr):
         """The grad at each row's target column t (where live) with the terms of every target that is t: the
-        same value whichever of them writes it."""
-        dc = weight_sum * tl.exp2(th * HALF_CAP2 + (HALF_CAP2 - lse2))
+        same value whichever of them writes it. terms: the rows' weight sum, the grad's units (dc/dz's constant
+        with them), the tiles' row_shift, then each target and its weight."""
+        weight_sum, scale, row_shift, t0, w0, t1, w1, t2, w2, tp, wp = terms
+        dc = weight_sum * tl.exp2(th * HALF_CAP2 + row_shift)
         dc -= tl.where(t0 == t, w0, 0.0)
         dc -= tl.where(t1 == t, w1, 0.0)
         dc -= tl.where(t2 == t, w2, 0.0)
         if PREFIX:
             dc -= tl.where(tp == t, wp, 0.0)
-        g = tl.minimum(tl.maximum(dc * (1.0 - th * th) * scale, -TOP), TOP).to(g_ptr.dtype.element_ty)
-        tl.store(g_ptr + rows * V + t, g, mask=live)
+        g = dc * (1.0 - th * th) * scale
+        tl.store(g_ptr + rows * V + t, tl.minimum(tl.maximum(g, -TOP), TOP).to(g_ptr.dtype.element_ty), mask=live)
 
     @triton.jit
     def _softcap_ce_kernel(z_ptr, targets_ptr, weights_ptr, loss_ptr, ntp_ptr, g_ptr, T, N, row0, S, inv_grad_s,
@@ -4963,12 +4987,12 @@ if triton is not None:
         live = rows < T
         at = tl.minimum(rows, T - 1)  # the row each reads
         pos = rows + row0  # the row's index into targets, and so its place in its sequence
-        s = tl.zeros((BLOCK_T,), tl.float32)
+        s = tl.zeros((BLOCK_T, BLOCK_V), tl.float32)  # summed across the row once, after the loop
         for v0 in range(0, V_WHOLE, BLOCK_V):
-            s += _softcap_ce_sum(z_ptr, at, v0, V, SHIFT, DIV, HALF_CAP2, BLOCK_V, APPROX, False)
+            s += _softcap_ce_exp(z_ptr, at, v0, V, SHIFT, DIV, HALF_CAP2, BLOCK_V, APPROX, False)
         if V_WHOLE < V:
-            s += _softcap_ce_sum(z_ptr, at, V_WHOLE, V, SHIFT, DIV, HALF_CAP2, BLOCK_V, APPROX, True)
-        lse2 = CAP * LOG2E + tl.log2(s)  # log2 of sum(exp(c))
+            s += _softcap_ce_exp(z_ptr, at, V_WHOLE, V, SHIFT, DIV, HALF_CAP2, BLOCK_V, APPROX, True)
+        lse2 = CAP * LOG2E + tl.log2(tl.sum(s, axis=1))  # log2 of sum(exp(c))
         live1 = live & (pos % S + 1 < S) & (pos + 1 < N)
         live2 = live & (pos % S + 2 < S) & (pos + 2 < N)
         t0 = tl.load(targets_ptr + pos, mask=live, other=0).to(tl.int64)
@@ -4994,23 +5018,22 @@ if triton is not None:
             loss += wp * (lse2 - (thp + 1.0) * HALF_CAP2)
             weight_sum += wp
         tl.store(loss_ptr + rows, loss / LOG2E, mask=live)
-        scale = inv_grad_s * CAP / (4.0 * DIV)
+        scale = inv_grad_s * CAP / (4.0 * DIV)  # dc/dz = CAP/(4 DIV) (1 - t^2), in the grad's units
+        row_scale = weight_sum * scale
+        row_shift = -lse2 + HALF_CAP2  # c - lse in base 2 is t HALF_CAP2 + row_shift
         for v0 in range(0, V_WHOLE, BLOCK_V):
-            _softcap_ce_grad(z_ptr, g_ptr, rows, at, live, v0, weight_sum, lse2, scale, V, SHIFT, DIV, HALF_CAP2,
-                             TOP, BLOCK_V, APPROX, False, WHOLE_ROWS)
+            _softcap_ce_grad(z_ptr, g_ptr, rows, at, live, v0, row_scale, row_shift, V, SHIFT, DIV, HALF_CAP2, TOP,
+                             BLOCK_V, APPROX, False, WHOLE_ROWS)
         if V_WHOLE < V:
-            _softcap_ce_grad(z_ptr, g_ptr, rows, at, live, V_WHOLE, weight_sum, lse2, scale, V, SHIFT, DIV,
-                             HALF_CAP2, TOP, BLOCK_V, APPROX, True, WHOLE_ROWS)
+            _softcap_ce_grad(z_ptr, g_ptr, rows, at, live, V_WHOLE, row_scale, row_shift, V, SHIFT, DIV, HALF_CAP2,
+                             TOP, BLOCK_V, APPROX, True, WHOLE_ROWS)
         tl.debug_barrier()  # the tiles' stores, by whichever of the program's threads, land before these
-        _softcap_ce_target_grad(g_ptr, rows, t0, th0, live, weight_sum, lse2, scale, t0, w0, t1, w1, t2, w2, tp, wp,
-                                V, HALF_CAP2, TOP, PREFIX)
-        _softcap_ce_target_grad(g_ptr, rows, t1, th1, live1, weight_sum, lse2, scale, t0, w0, t1, w1, t2, w2, tp, wp,
-                                V, HALF_CAP2, TOP, PREFIX)
-        _softcap_ce_target_grad(g_ptr, rows, t2, th2, live2, weight_sum, lse2, scale, t0, w0, t1, w1, t2, w2, tp, wp,
-                                V, HALF_CAP2, TOP, PREFIX)
+        terms = (weight_sum, scale, row_shift, t0, w0, t1, w1, t2, w2, tp, wp)
+        _softcap_ce_target_grad(g_ptr, rows, t0, th0, live, terms, V, HALF_CAP2, TOP, PREFIX)
+        _softcap_ce_target_grad(g_ptr, rows, t1, th1, live1, terms, V, HALF_CAP2, TOP, PREFIX)
+        _softcap_ce_target_grad(g_ptr, rows, t2, th2, live2, terms, V, HALF_CAP2, TOP, PREFIX)
         if PREFIX:
-            _softcap_ce_target_grad(g_ptr, rows, tp, thp, live & (tp >= 0), weight_sum, lse2, scale, t0, w0, t1, w1,
-                                    t2, w2, tp, wp, V, HALF_CAP2, TOP, PREFIX)
+            _softcap_ce_target_grad(g_ptr, rows, tp, thp, live & (tp >= 0), terms, V, HALF_CAP2, TOP, PREFIX)
 
     @triton.jit
     def _relu_square_mm_kernel(a_desc, b_desc, c_desc, post_desc, scale_ptr, f8_desc, act_scale_ptr, top_ptr, M, N,
@@ -5345,15 +5368,25 @@ if triton is not None:
         return (k_pos <= q_pos) & (k_pos >= first)
 
     @triton.jit
-    def _attn_fwd_tiles(acc, l_i, m_i, q, rows, f, k_ptr, v_ptr, sk, sv, start, end, D: tl.constexpr,
-                        BN: tl.constexpr, MASKED: tl.constexpr):
+    def _attn_tile(ptr, n0, h, stride, D: tl.constexpr, B: tl.constexpr, TMA: tl.constexpr):
+        """Head h's B tokens from n0 of an (N, H, D) tensor: by its TMA descriptor (TMA: _attn_rows'), else by
+        pointers from ptr, which points at head h already (stride: the tokens')."""
+        if TMA:
+            tile = ptr.load([n0, h * D])
+        else:
+            rows = n0 + tl.arange(0, B)
+            tile = tl.load(ptr + rows[:, None] * stride + tl.arange(0, D)[None, :])
+        return tile
+
+    @triton.jit
+    def _attn_fwd_tiles(acc, l_i, m_i, q, rows, f, k_ptr, v_ptr, sk, sv, h, start, end, D: tl.constexpr,
+                        BN: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr):
         """Online softmax over the key tiles start..end (BN apart) for one query tile: scores in base 2, the
         running max m_i starts finite so that a row with no key yet in a masked tile adds zeros, not NaN."""
-        d = tl.arange(0, D)
         for n0 in range(start, end, BN):
             cols = n0 + tl.arange(0, BN)
-            k = tl.load(k_ptr + cols[:, None] * sk + d[None, :])
-            v = tl.load(v_ptr + cols[:, None] * sv + d[None, :])
+            k = _attn_tile(k_ptr, n0, h, sk, D, BN, TMA)
+            v = _attn_tile(v_ptr, n0, h, sv, D, BN, TMA)
             s = tl.dot(q, tl.trans(k)) * LOG2E  # exp2 below
             if MASKED:
                 s = tl.where(_attn_visible(rows[:, None], cols[None, :], f[:, None]), s, float("-inf"))
@@ -5375,8 +5408,9 @@ if triton is not None:
 
     @triton.jit
     def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, first_ptr, o_ptr, lse_ptr, sq, sk, sv, so, hq, hk, hv, ho,
-                         H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-        """One tile of BM queries of one head: its output and base-2 log-sum-exp."""
+                         H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TMA: tl.constexpr):
+        """One tile of BM queries of one head: its output and base-2 log-sum-exp (TMA: k and v are _attn_rows'
+        descriptors)."""
         m0, h = tl.program_id(0) * BM, tl.program_id(1)
         rows, d = m0 + tl.arange(0, BM), tl.arange(0, D)
         q = tl.load(q_ptr + h * hq + rows[:, None] * sq + d[None, :])
@@ -5385,22 +5419,25 @@ if triton is not None:
         acc = tl.zeros([BM, D], dtype=tl.float32)
         l_i = tl.zeros([BM], dtype=tl.float32)
         m_i = tl.full([BM], -1e30, dtype=tl.float32)
-        k_ptr, v_ptr = k_ptr + h * hk, v_ptr + h * hv
-        acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, rows, f, k_ptr, v_ptr, sk, sv, start, front_end, D, BN, True)
-        acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, rows, f, k_ptr, v_ptr, sk, sv, front_end, m0, D, BN, False)
-        acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, rows, f, k_ptr, v_ptr, sk, sv, m0, m0 + BM, D, BN, True)
+        if not TMA:
+            k_ptr, v_ptr = k_ptr + h * hk, v_ptr + h * hv
+        acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, rows, f, k_ptr, v_ptr, sk, sv, h, start, front_end, D, BN,
+                                        True, TMA)
+        acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, rows, f, k_ptr, v_ptr, sk, sv, h, front_end, m0, D, BN,
+                                        False, TMA)
+        acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, rows, f, k_ptr, v_ptr, sk, sv, h, m0, m0 + BM, D, BN, True,
+                                        TMA)
         tl.store(o_ptr + h * ho + rows[:, None] * so + d[None, :], (acc / l_i[:, None]).to(o_ptr.dtype.element_ty))
         tl.store(lse_ptr + rows * H + h, m_i + tl.math.log2(l_i))
 
     @triton.jit
-    def _attn_dq_tiles(dq, q, g, lse, delta, rows, f, k_ptr, v_ptr, sk, sv, start, end, D: tl.constexpr,
-                       BN: tl.constexpr, MASKED: tl.constexpr):
+    def _attn_dq_tiles(dq, q, g, lse, delta, rows, f, k_ptr, v_ptr, sk, sv, h, start, end, D: tl.constexpr,
+                       BN: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr):
         """dq += dS k over the key tiles start..end, P recomputed from the stored log-sum-exp."""
-        d = tl.arange(0, D)
         for n0 in range(start, end, BN):
             cols = n0 + tl.arange(0, BN)
-            k = tl.load(k_ptr + cols[:, None] * sk + d[None, :])
-            v = tl.load(v_ptr + cols[:, None] * sv + d[None, :])
+            k = _attn_tile(k_ptr, n0, h, sk, D, BN, TMA)
+            v = _attn_tile(v_ptr, n0, h, sv, D, BN, TMA)
             p = tl.math.exp2(tl.dot(q, tl.trans(k)) * LOG2E - lse[:, None])
             if MASKED:
                 p = tl.where(_attn_visible(rows[:, None], cols[None, :], f[:, None]), p, 0.0)
@@ -5411,8 +5448,9 @@ if triton is not None:
     @triton.jit
     def _attn_dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, g_ptr, first_ptr, lse_ptr, delta_ptr, dq_ptr, sq, sk, sv, so,
                         sg, sdq, hq, hk, hv, ho, hg, hdq, H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr,
-                        BN: tl.constexpr):
-        """One tile of BM queries of one head: delta = rowsum(out * g) (stored for the key side), then dq."""
+                        BN: tl.constexpr, TMA: tl.constexpr):
+        """One tile of BM queries of one head: delta = rowsum(out * g) (stored for the key side), then dq (TMA: k
+        and v are _attn_rows' descriptors)."""
         m0, h = tl.program_id(0) * BM, tl.program_id(1)
         rows, d = m0 + tl.arange(0, BM), tl.arange(0, D)
         q = tl.load(q_ptr + h * hq + rows[:, None] * sq + d[None, :])
@@ -5424,21 +5462,22 @@ if triton is not None:
         f = tl.load(first_ptr + rows)
         start, front_end = _attn_key_range(first_ptr, m0, BM, BN)
         dq = tl.zeros([BM, D], dtype=tl.float32)
-        k_ptr, v_ptr = k_ptr + h * hk, v_ptr + h * hv
-        dq = _attn_dq_tiles(dq, q, g, lse, delta, rows, f, k_ptr, v_ptr, sk, sv, start, front_end, D, BN, True)
-        dq = _attn_dq_tiles(dq, q, g, lse, delta, rows, f, k_ptr, v_ptr, sk, sv, front_end, m0, D, BN, False)
-        dq = _attn_dq_tiles(dq, q, g, lse, delta, rows, f, k_ptr, v_ptr, sk, sv, m0, m0 + BM, D, BN, True)
+        if not TMA:
+            k_ptr, v_ptr = k_ptr + h * hk, v_ptr + h * hv
+        dq = _attn_dq_tiles(dq, q, g, lse, delta, rows, f, k_ptr, v_ptr, sk, sv, h, start, front_end, D, BN, True, TMA)
+        dq = _attn_dq_tiles(dq, q, g, lse, delta, rows, f, k_ptr, v_ptr, sk, sv, h, front_end, m0, D, BN, False, TMA)
+        dq = _attn_dq_tiles(dq, q, g, lse, delta, rows, f, k_ptr, v_ptr, sk, sv, h, m0, m0 + BM, D, BN, True, TMA)
         tl.store(dq_ptr + h * hdq + rows[:, None] * sdq + d[None, :], dq.to(dq_ptr.dtype.element_ty))
 
     @triton.jit
     def _attn_dkdv_tiles(dk, dv, k, v, cols, q_ptr, g_ptr, first_ptr, lse_ptr, delta_ptr, sq, sg, h, start, end,
-                         H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, MASKED: tl.constexpr):
+                         H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, MASKED: tl.constexpr,
+                         TMA: tl.constexpr):
         """dv += P^T g and dk += dS^T q over the query tiles start..end (BM apart), transposed: keys by queries."""
-        d = tl.arange(0, D)
         for m0 in range(start, end, BM):
             rows = m0 + tl.arange(0, BM)
-            q = tl.load(q_ptr + rows[:, None] * sq + d[None, :])
-            g = tl.load(g_ptr + rows[:, None] * sg + d[None, :])
+            q = _attn_tile(q_ptr, m0, h, sq, D, BM, TMA)
+            g = _attn_tile(g_ptr, m0, h, sg, D, BM, TMA)
             lse = tl.load(lse_ptr + rows * H + h)
             delta = tl.load(delta_ptr + rows * H + h)
             p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * LOG2E - lse[None, :])
@@ -5453,9 +5492,10 @@ if triton is not None:
     @triton.jit
     def _attn_dkdv_kernel(q_ptr, k_ptr, v_ptr, g_ptr, first_ptr, lse_ptr, delta_ptr, q_end_ptr, q_full_ptr, dk_ptr,
                           dv_ptr, N, sq, sk, sv, sg, sdk, sdv, hq, hk, hv, hg, hdk, hdv, H: tl.constexpr,
-                          D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+                          D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TMA: tl.constexpr):
         """One tile of BN keys of one head: its masked diagonal's query tiles, then the whole ones (every query
-        sees every key: before q_full), then the masked ones to q_end (the last query that sees one of them)."""
+        sees every key: before q_full), then the masked ones to q_end (the last query that sees one of them).
+        TMA: q and g are _attn_rows' descriptors."""
         kb, h = tl.program_id(0), tl.program_id(1)
         n0 = kb * BN
         cols, d = n0 + tl.arange(0, BN), tl.arange(0, D)
@@ -5465,13 +5505,14 @@ if triton is not None:
         full_end = tl.minimum(tl.maximum((tl.load(q_full_ptr + kb) // BM) * BM, n0 + BN), q_end)
         dk = tl.zeros([BN, D], dtype=tl.float32)
         dv = tl.zeros([BN, D], dtype=tl.float32)
-        q_ptr, g_ptr = q_ptr + h * hq, g_ptr + h * hg
+        if not TMA:
+            q_ptr, g_ptr = q_ptr + h * hq, g_ptr + h * hg
         dk, dv = _attn_dkdv_tiles(dk, dv, k, v, cols, q_ptr, g_ptr, first_ptr, lse_ptr, delta_ptr, sq, sg, h, n0,
-                                  tl.minimum(n0 + BN, q_end), H, D, BM, True)
+                                  tl.minimum(n0 + BN, q_end), H, D, BM, True, TMA)
         dk, dv = _attn_dkdv_tiles(dk, dv, k, v, cols, q_ptr, g_ptr, first_ptr, lse_ptr, delta_ptr, sq, sg, h,
-                                  n0 + BN, full_end, H, D, BM, False)
+                                  n0 + BN, full_end, H, D, BM, False, TMA)
         dk, dv = _attn_dkdv_tiles(dk, dv, k, v, cols, q_ptr, g_ptr, first_ptr, lse_ptr, delta_ptr, sq, sg, h,
-                                  tl.maximum(full_end, n0 + BN), q_end, H, D, BM, True)
+                                  tl.maximum(full_end, n0 + BN), q_end, H, D, BM, True, TMA)
         tl.store(dk_ptr + h * hdk + cols[:, None] * sdk + d[None, :], dk.to(dk_ptr.dtype.element_ty))
         tl.store(dv_ptr + h * hdv + cols[:, None] * sdv + d[None, :], dv.to(dv_ptr.dtype.element_ty))
 

@@ -28,7 +28,7 @@ it) and numpy<2 (the interpreter's scalars). Not run by pytest: the interpreter 
    mask (dense_attention_mask) in float64: the output and the grads of q, k, v, on the mask tests' token
    layouts (documents on tile edges, one long document, a sequence starting mid-document), short and long
    windows and paired heads' interleaved sequence, with q and k strided views of one tensor as the model's
-   are, in the Hopper tiles and smaller ones.
+   are, in the Hopper tiles and smaller ones, the smaller ones also with the walked tiles by TMA descriptors.
 
     python tests/interpreted.py
 """
@@ -160,9 +160,11 @@ ATTN_RTOL = 1e-5  # window_attention in fp32 against SDPA in float64
 def window_attention_cases():
     """(what, relative difference) of window_attention's output and grads against SDPA in float64."""
     gen = torch.Generator().manual_seed(0)
-    small = ((64, 32, 4, 1), (64, 32, 4, 1), (32, 64, 4, 1))
+    small = ((64, 32, 4, 1, 0), (64, 32, 4, 1, 0), (32, 64, 4, 1, 0))
+    by_tma = tuple(tile[:-1] + (1,) for tile in small)  # the tiles each kernel walks by TMA descriptors
     for layout, tokens in token_layouts(1024, 5).items():
-        for window, paired, tiles in [(300, False, tg.ATTN_HOPPER_TILES), (100, True, small), (2000, False, small)]:
+        for window, paired, tiles in [(300, False, tg.ATTN_HOPPER_TILES), (100, True, small), (2000, False, small),
+                                      (300, True, by_tma), (2000, False, by_tma)]:
             first = first_of(tokens, window, paired).int()
             N, H, D = first.numel(), 2, 32
             leaves = [torch.randn(N, 2 * H, D, generator=gen) * 0.4, torch.randn(N, H, D, generator=gen)]
@@ -176,7 +178,8 @@ def window_attention_cases():
                 *(t.transpose(0, 1) for t in (ref[0][:, :H], ref[0][:, H:], ref[1])),
                 attn_mask=tg.dense_attention_mask(first), scale=1.0).transpose(0, 1)
             wants = torch.autograd.grad(want, ref, g.double())
-            what = f"window_attention {layout}, window {window}{', paired' if paired else ''}, tiles {tiles[0][:2]}"
+            what = (f"window_attention {layout}, window {window}{', paired' if paired else ''}, tiles {tiles[0][:2]}"
+                    + (" by TMA" if tiles[0][-1] else ""))
             for name, x, y in zip(["out", "dq dk", "dv"], (out, *grads), (want, *wants)):
                 yield f"{what} {name}", ((x.double() - y).norm() / y.norm()).item()
 

@@ -316,8 +316,9 @@ def test_benches_import_run_their_parsers_and_agree_on_the_bench():
     assert " ".join(stepbench.SCALED) in queue
     for script in sorted(bench.glob("*.sh")):
         assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, script
-    for script in sorted(bench.glob("*.py")):
-        assert not re.search(r"\btg\._", script.read_text()), f"{script} uses a private name of train_gpt.py"
+    for script in sorted(bench.glob("*.py")):  # but sasscount.py, which compiles the (private) kernels themselves
+        assert script.name == "sasscount.py" or not re.search(r"\btg\._", script.read_text()), \
+            f"{script} uses a private name of train_gpt.py"
     assert not list((REPO / "records").glob("20*/**/*.py")), "record folders hold logs, READMEs and profiles"
     # the before arm's script is the Aug-2025 record's, out of its log
     before = re.search(r"records/tool.py source (\S+)", recipe).group(1)

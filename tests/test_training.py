@@ -895,12 +895,14 @@ def test_cuda_dc_kernels_match_float64(monkeypatch, heads_in_grid):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("window,paired", [(640, False), (1408, False), (640, True)])
-def test_cuda_window_attention_matches_float64(window, paired):
+@pytest.mark.parametrize("window,paired,tma", [(640, False, 0), (1408, False, 0), (640, True, 0), (640, False, 1),
+                                                (640, True, 1)])
+def test_cuda_window_attention_matches_float64(window, paired, tma):
     """--attn_kernel's window_attention (attention() with a WindowMask) against SDPA over the dense mask in
     float64 on the same bf16 values: 8K tokens of documents up to ~1,600, 6 heads of 128 (paired: 3 over the
     interleaved 16K), stage 3's short and long windows; the output and the grads of q, k, v within bf16's
-    rounding (~3e-3 relative). Twice the same grads (no atomics)."""
+    rounding (~3e-3 relative). Twice the same grads (no atomics). tma: each kernel's walked tiles by TMA
+    descriptors (ATTN_TILE's last field)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     T, H, D = 8192, 6, 128
     ids = torch.randint(0, 50000, (1, T), device="cuda", generator=gen)
@@ -910,7 +912,8 @@ def test_cuda_window_attention_matches_float64(window, paired):
     shape = (1, 2 * T, H // 2, D) if paired else (1, T, H, D)
     leaves = [(torch.randn(shape, device="cuda", generator=gen) * s).bfloat16() for s in (0.12, 1.0, 1.0)]
     g = torch.randn(shape, device="cuda", generator=gen).bfloat16()
-    mask = tg.attention_mask(first, tg.KernelSettings(attn_tiles=tg.ATTN_HOPPER_TILES).attn_launch())
+    tiles = tuple(tile[:-1] + (tma,) for tile in tg.ATTN_HOPPER_TILES)
+    mask = tg.attention_mask(first, tg.KernelSettings(attn_tiles=tiles).attn_launch())
     assert isinstance(mask, tg.WindowMask)
     runs = []
     for _ in range(2):

@@ -1,10 +1,10 @@
 """window_attention (--attn_kernel) against compiled FlexAttention at stage 3's attention shapes, on one GPU: a pass
 of 4 x 16,384 tokens of a real shard, per layer kind (short window 640, long 1408, paired heads: half the heads
 over the interleaved 131,072 positions), forward and forward + backward (CUDA events, median of --reps). Each of
-our three kernels is timed in each of its candidate tiles (the other two at ATTN_HOPPER_TILES'); the fastest
+our three kernels is timed in each of its candidate launches (the other two at ATTN_HOPPER_TILES'); the fastest
 are then timed together and checked against Flex (relative difference of the output and the grads). The last
-line totals a stage-3 step (10 attention layers a pass, 6 passes). About 2 minutes on an H100, compiles
-included.
+line totals a stage-3 step (10 attention layers a pass, 6 passes). Its precursor took about 2 minutes on an H100
+for a third as many launches, compiles included (records/2026-12-07_attn-h100, call C).
 
     python records/bench/attnbench.py SHARD [--reps N] [--out DIR]
 """
@@ -21,12 +21,15 @@ import train_gpt as tg  # noqa: E402
 from dcbench import timed  # noqa: E402  CUDA events, the median of n runs after 3 unclocked
 from torch.nn.attention.flex_attention import flex_attention  # noqa: E402
 
-# candidate tiles (ATTN_TILE: queries, keys, warps, stages) of the forward, dq and dk/dv kernels
-# (the dk/dv kernel's queries divide its keys, the others' keys their queries); the first three of each ran in
-# records/2026-12-07_attn-h100, where 64 x 64 won every kernel
-CANDIDATES = {"fwd": [(128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (64, 32, 4, 3), (64, 64, 4, 4)],
-              "dq": [(128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 2), (64, 32, 4, 2), (64, 64, 4, 3)],
-              "dkdv": [(64, 128, 8, 2), (32, 128, 8, 2), (64, 64, 4, 2), (32, 64, 4, 2), (64, 64, 4, 3)]}
+# candidate launches (ATTN_TILE: queries, keys, warps, stages, tma) of the forward, dq and dk/dv kernels (the
+# dk/dv kernel's queries divide its keys, the others' keys their queries); records/2026-12-07_attn-h100 timed
+# three each without TMA, where 64 x 64 won every kernel. TMA: the walked tiles by descriptors (compiled for
+# sm_90 on a CPU, records/2026-12-08_ce-sass: fewer registers, 7-12% fewer instructions a tile)
+CANDIDATES = {"fwd": [(64, 64, 4, 3, 0), (64, 64, 4, 3, 1), (128, 64, 8, 3, 0), (128, 64, 8, 3, 1), (64, 32, 4, 3, 0),
+                      (64, 64, 4, 4, 1)],
+              "dq": [(64, 64, 4, 2, 0), (64, 64, 4, 2, 1), (128, 64, 8, 2, 1), (64, 32, 4, 2, 0), (64, 64, 4, 3, 1)],
+              "dkdv": [(64, 64, 4, 2, 0), (64, 64, 4, 2, 1), (64, 64, 4, 3, 1), (64, 128, 8, 2, 1), (32, 128, 8, 2, 0),
+                       (32, 64, 4, 2, 0)]}
 KINDS = {"short": (640, False, 4), "long": (1408, False, 2), "paired": (640, True, 4)}  # window, paired, layers
 PASSES = 6  # a stage-3 step's passes: 24 sequences, 4 a pass
 

@@ -21,8 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dcbench import timed  # noqa: E402  CUDA events, the median of n runs after 3 unclocked
 
 REPO = Path(__file__).resolve().parents[2]
-LAUNCHES = [(8, 512, 8), (4, 512, 4), (8, 256, 8), (16, 512, 8), (8, 1024, 8), (4, 1024, 8), (2, 1024, 4),
-            (8, 128, 4), (16, 256, 8)]
+# one or two rows a program, 16 warps: at most ~40 MB of rows in flight (3 programs of 40 registers a thread on
+# each of 132 multiprocessors), so that the second pass may read them from L2 (records/2026-12-08_ce-sass)
+LAUNCHES = [(8, 512, 8), (4, 512, 4), (8, 256, 8), (16, 512, 8), (4, 1024, 8), (2, 1024, 4), (1, 1024, 8),
+            (1, 2048, 16), (2, 2048, 16), (1, 4096, 16)]
 ROWS, LAUNCHES_PER_STEP = 16384, 24  # a stage-3 step: 24 sequences of 16,384 rows
 
 
