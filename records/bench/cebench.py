@@ -10,7 +10,6 @@ time.
 """
 import argparse
 import hashlib
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -19,8 +18,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dcbench import timed  # noqa: E402  CUDA events, the median of n runs after 3 unclocked
+from stagebench import REPO, load_trainer  # noqa: E402  a trainer's file loaded as train_gpt
 
-REPO = Path(__file__).resolve().parents[2]
 # one or two rows a program, 16 warps: at most ~40 MB of rows in flight (3 programs of 40 registers a thread on
 # each of 132 multiprocessors), so that the second pass may read them from L2 (records/2026-12-08_ce-sass)
 LAUNCHES = [(8, 512, 8), (4, 512, 4), (8, 256, 8), (16, 512, 8), (4, 1024, 8), (2, 1024, 4), (1, 1024, 8),
@@ -44,10 +43,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("error: cebench times a GPU kernel: it needs CUDA")
-    spec = importlib.util.spec_from_file_location("train_gpt", args.script)
-    tg = importlib.util.module_from_spec(spec)
-    sys.modules["train_gpt"] = tg
-    spec.loader.exec_module(tg)
+    tg = load_trainer(args.script)
     gen = torch.Generator(device="cuda").manual_seed(0)
     V = 50304
     z = (torch.randn(ROWS, V, device="cuda", generator=gen) * 4).bfloat16()

@@ -16,22 +16,14 @@ the training's launches are (16-byte aligned, multiples of 16). --out keeps each
 """
 import argparse
 import collections
-import importlib.util
 import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def load(script: str):
-    spec = importlib.util.spec_from_file_location("train_gpt", script)
-    tg = importlib.util.module_from_spec(spec)
-    sys.modules["train_gpt"] = tg
-    spec.loader.exec_module(tg)
-    return tg
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from stagebench import REPO, load_trainer  # noqa: E402  a trainer's file loaded as train_gpt
 
 
 def compile_sm90(kernel, types: dict, constants: dict, aligned: list, warps: int, stages: int = 3):
@@ -124,7 +116,7 @@ def main(argv=None):
     parser.add_argument("--ce_launch", type=int, nargs=3, metavar=("ROWS", "COLUMNS", "WARPS"),
                         help="the CE kernel's launch (KernelSettings.ce_tiles' by default)")
     args = parser.parse_args(argv)
-    tg = load(args.script)
+    tg = load_trainer(args.script)
     print(f"{Path(args.script).name}: sm_90 SASS per thread, per element a thread handles in a loop's trip")
     kernels = [ce_kernel(tg, args.ce_launch), *attention_kernels(tg, False)]
     if "TMA" in tg._attn_fwd_kernel.arg_names:
