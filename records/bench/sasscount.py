@@ -133,7 +133,7 @@ def main(argv=None):
         print(f"  loops together: {total:.2f} instructions per element")
         if args.out:
             Path(args.out).mkdir(parents=True, exist_ok=True)
-            (Path(args.out) / f"{name}.sass").write_text(text)
+            (Path(args.out) / f"{name.replace(' (TMA)', '_tma')}.sass").write_text(text)
 
 
 if __name__ == "__main__":
