@@ -5008,13 +5008,14 @@ if triton is not None:
         tl.store(ntp_ptr + rows, (lse2 - c0) / LOG2E, mask=live)
         loss = w0 * (lse2 - c0) + w1 * (lse2 - (th1 + 1.0) * HALF_CAP2) + w2 * (lse2 - (th2 + 1.0) * HALF_CAP2)
         weight_sum = w0 + w1 + w2
-        tp = tl.full((BLOCK_T,), -1, tl.int64)
+        tp = tl.full((BLOCK_T,), -1, tl.int64)  # no prefix token, no weight: the target fixes' terms, unless PREFIX
         wp = tl.zeros((BLOCK_T,), tl.float32)
         thp = wp
         if PREFIX:
             tp = tl.load(prefix_ptr + pos, mask=live, other=-1).to(tl.int64)
-            wp = tl.where(live & (tp >= 0), tl.load(weights_ptr + 3), 0.0)
-            thp = _capped_tanh(z_ptr, rows, tp, live & (tp >= 0), V, SHIFT, DIV, APPROX)
+            livep = live & (tp >= 0)
+            wp = tl.where(livep, tl.load(weights_ptr + 3), 0.0)
+            thp = _capped_tanh(z_ptr, rows, tp, livep, V, SHIFT, DIV, APPROX)
             loss += wp * (lse2 - (thp + 1.0) * HALF_CAP2)
             weight_sum += wp
         tl.store(loss_ptr + rows, loss / LOG2E, mask=live)
@@ -5033,7 +5034,7 @@ if triton is not None:
         _softcap_ce_target_grad(g_ptr, rows, t1, th1, live1, terms, V, HALF_CAP2, TOP, PREFIX)
         _softcap_ce_target_grad(g_ptr, rows, t2, th2, live2, terms, V, HALF_CAP2, TOP, PREFIX)
         if PREFIX:
-            _softcap_ce_target_grad(g_ptr, rows, tp, thp, live & (tp >= 0), terms, V, HALF_CAP2, TOP, PREFIX)
+            _softcap_ce_target_grad(g_ptr, rows, tp, thp, livep, terms, V, HALF_CAP2, TOP, PREFIX)
 
     @triton.jit
     def _relu_square_mm_kernel(a_desc, b_desc, c_desc, post_desc, scale_ptr, f8_desc, act_scale_ptr, top_ptr, M, N,
